@@ -1,0 +1,1 @@
+"""Sources of GPU readings, one interface (see ``base.Source``), chosen by config."""

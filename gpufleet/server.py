@@ -1,0 +1,56 @@
+"""Assembles the one ASGI app: collector ingest, REST API, web dashboard, alert silences.
+
+Each part owns a router module exposing ``router`` and, when it has background work,
+``lifespan(app)`` (an async context manager). This module only wires them together, so the
+parts stay independent of each other."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from types import ModuleType
+
+from fastapi import FastAPI
+
+from gpufleet import __version__
+from gpufleet.settings import ServerSettings
+from gpufleet.storage.db import make_engine
+
+
+def _parts() -> list[ModuleType]:
+    from gpufleet.alerts import routes as alert_routes
+    from gpufleet.api import routes as api_routes
+    from gpufleet.api import web
+    from gpufleet.collector import routes as collector_routes
+
+    return [collector_routes, api_routes, alert_routes, web]
+
+
+def create_app(settings: ServerSettings | None = None, *, extra_lifespans: list | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    url = settings.resolved_database_url()
+    parts = _parts()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            for part in parts:
+                if hasattr(part, "lifespan"):
+                    await stack.enter_async_context(part.lifespan(app))
+            for extra in extra_lifespans or []:
+                await stack.enter_async_context(extra(app))
+            yield
+        app.state.engine.dispose()
+
+    app = FastAPI(
+        title="gpufleet",
+        version=__version__,
+        description="GPU fleet telemetry and goodput: which jobs waste GPUs, why, how much, and what to do.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.database_url = url
+    app.state.engine = make_engine(url)
+    for part in parts:
+        app.include_router(part.router)
+    return app

@@ -1,0 +1,33 @@
+"""Maps the repository's top-level folders (agent/, collector/, api/, ...) onto one import
+namespace (gpufleet.agent, gpufleet.collector, ...). Everything else is in pyproject.toml."""
+
+from pathlib import Path
+
+from setuptools import setup
+
+ROOTS = {
+    "gpufleet": "gpufleet",
+    "gpufleet.agent": "agent",
+    "gpufleet.collector": "collector",
+    "gpufleet.storage": "storage",
+    "gpufleet.analysis": "analysis",
+    "gpufleet.alerts": "alerts",
+    "gpufleet.api": "api",
+    "gpufleet.migrations": "migrations",
+}
+
+
+def _packages() -> tuple[list[str], dict[str, str]]:
+    here = Path(__file__).parent
+    packages, dirs = [], {}
+    for pkg, folder in ROOTS.items():
+        for init in sorted((here / folder).rglob("__init__.py")):
+            rel = init.parent.relative_to(here / folder)
+            name = ".".join([pkg, *rel.parts]) if rel.parts else pkg
+            packages.append(name)
+            dirs[name] = str(init.parent.relative_to(here))
+    return packages, dirs
+
+
+packages, package_dir = _packages()
+setup(packages=packages, package_dir=package_dir)

@@ -1,0 +1,65 @@
+"""Engines and the database URL. One place decides SQLite pragmas and pool settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+DEFAULT_URL_ENV = "GPUFLEET_DATABASE_URL"
+
+
+def resolve_url(url: str | None = None, data_dir: str | Path | None = None) -> str:
+    """--database-url beats GPUFLEET_DATABASE_URL beats a SQLite file under the data dir."""
+    if url:
+        return normalise(url)
+    env = os.environ.get(DEFAULT_URL_ENV)
+    if env:
+        return normalise(env)
+    d = Path(data_dir or os.environ.get("GPUFLEET_DATA_DIR", "./gpufleet-data")).expanduser().resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{d / 'gpufleet.db'}"
+
+
+def normalise(url: str) -> str:
+    """Accept plain postgresql:// URLs and pick the psycopg (v3) driver for sync work."""
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    return u.render_as_string(hide_password=False)
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def asyncpg_dsn(url: str) -> str:
+    """The same PostgreSQL database as a libpq DSN for asyncpg's COPY path."""
+    u = make_url(url).set(drivername="postgresql")
+    return u.render_as_string(hide_password=False)
+
+
+def make_engine(url: str, **kw: object) -> Engine:
+    url = normalise(url)
+    if is_sqlite(url):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kw)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _rec):  # type: ignore[no-untyped-def]
+            # WAL lets readers (API) run while the collector writes; NORMAL is durable
+            # across process crashes, which is what acknowledging a batch promises.
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    kw.setdefault("pool_pre_ping", True)
+    if "poolclass" not in kw:
+        kw.setdefault("pool_size", 10)
+        kw.setdefault("max_overflow", 20)
+    return create_engine(url, **kw)
