@@ -54,3 +54,8 @@ def create_app(settings: ServerSettings | None = None, *, extra_lifespans: list 
     for part in parts:
         app.include_router(part.router)
     return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for uvicorn (``--workers``): settings from GPUFLEET_* environment variables."""
+    return create_app(ServerSettings())

@@ -232,3 +232,7 @@ job_samples_1m = Table(
     *_rollup_columns(),
     UniqueConstraint("job_pk", "bucket", name="uq_job_samples_1m_job_bucket"),
 )
+
+
+# Tables owned by other parts, on the same metadata (imported last: they need Base).
+from gpufleet.storage import alert_models  # noqa: E402, F401

@@ -1,0 +1,169 @@
+"""Accumulate 1 Hz cycles into one protocol ``Batch``, journaling each cycle to disk.
+
+Every cycle is appended to ``open.journal`` (length-prefixed msgpack records) as it is
+sampled, so an agent killed with SIGKILL loses at most the cycle it was in: on the next
+start the journal is turned into a batch with the idempotency key it was opened with.
+The journal is not fsynced per cycle (a power cut may lose up to one flush interval);
+spooled batches are.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgspec
+
+from gpufleet.catalog import CATALOG
+from gpufleet.protocol import AgentInfo, Allocation, Batch, Event, GpuInfo, JobInfo
+
+log = logging.getLogger(__name__)
+
+_INT_FIELDS = frozenset(f.name for f in CATALOG.fields if f.dtype == "i8")
+_FIELD_ORDER = {name: i for i, name in enumerate(CATALOG.names)}
+
+
+class Row(msgspec.Struct, array_like=True):
+    gpu: str
+    job: str | None
+    values: dict[str, float]
+
+
+class CyclePart(msgspec.Struct, array_like=True, omit_defaults=True):
+    """What one cycle added to the open batch (only new GPUs/jobs/allocations)."""
+
+    ts: float
+    rows: list[Row] = []
+    gpus: list[GpuInfo] = []
+    jobs: list[JobInfo] = []
+    allocations: list[Allocation] = []
+    events: list[Event] = []
+
+
+class OpenBatch:
+    """The batch being built: rows in arrival order plus the GPUs, jobs and allocations seen."""
+
+    def __init__(self, agent: AgentInfo, started: float) -> None:
+        self.agent = agent
+        self.started = started
+        self.rows: list[tuple[float, Row]] = []
+        self.gpus: dict[str, GpuInfo] = {}
+        self.jobs: dict[str, JobInfo] = {}
+        self.allocations: dict[tuple[str, str], Allocation] = {}
+        self.events: list[Event] = []
+
+    def new_part(self, ts: float, rows: list[Row], gpus: Iterable[GpuInfo], jobs: Iterable[JobInfo],
+                 allocations: Iterable[Allocation], events: list[Event]) -> CyclePart:
+        """The part to journal: rows and events, plus only what this batch has not seen yet."""
+        return CyclePart(
+            ts=ts, rows=rows, events=events,
+            gpus=[g for g in gpus if self.gpus.get(g.uuid) != g],
+            jobs=[j for j in jobs if self.jobs.get(j.job_id) != j],
+            allocations=[a for a in allocations if (a.gpu_uuid, a.job_id) not in self.allocations],
+        )
+
+    def add(self, part: CyclePart) -> None:
+        self.rows.extend((part.ts, r) for r in part.rows)
+        for g in part.gpus:
+            self.gpus[g.uuid] = g
+        for j in part.jobs:
+            self.jobs[j.job_id] = j
+        for a in part.allocations:
+            self.allocations[(a.gpu_uuid, a.job_id)] = a
+        self.events.extend(part.events)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.rows)
+
+    def empty(self) -> bool:
+        return not self.rows and not self.events
+
+    def build(self, sent_at: float) -> Batch:
+        present: set[str] = set()
+        for _, r in self.rows:
+            present.update(r.values)
+        fields = sorted((f for f in present if f in _FIELD_ORDER), key=_FIELD_ORDER.__getitem__)
+        cols: dict[str, list[float | int | str | None]] = {
+            "ts": [ts for ts, _ in self.rows],
+            "gpu": [r.gpu for _, r in self.rows],
+            "job": [r.job for _, r in self.rows],
+        }
+        for f in fields:
+            col: list[float | int | str | None] = []
+            as_int = f in _INT_FIELDS
+            for _, r in self.rows:
+                v = r.values.get(f)
+                col.append(int(v) if as_int and v is not None else v)
+            cols[f] = col
+        agent = msgspec.structs.replace(self.agent, sent_at=sent_at)
+        return Batch(agent=agent, gpus=list(self.gpus.values()), jobs=list(self.jobs.values()),
+                     allocations=list(self.allocations.values()), samples=cols if self.rows else {},
+                     events=list(self.events))
+
+
+# --- the journal -------------------------------------------------------------------------
+
+_LEN = struct.Struct(">I")
+_enc = msgspec.msgpack.Encoder()
+_agent_dec = msgspec.msgpack.Decoder(AgentInfo)
+_part_dec = msgspec.msgpack.Decoder(CyclePart)
+
+
+class Journal:
+    """Append-only record of the open batch: an AgentInfo record, then one CyclePart per cycle."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f = None
+
+    def start(self, agent: AgentInfo) -> None:
+        self.close()
+        self._f = open(self.path, "wb")  # noqa: SIM115 - kept open across cycles on purpose
+        self._write(_enc.encode(agent))
+
+    def append(self, part: CyclePart) -> None:
+        self._write(_enc.encode(part))
+
+    def _write(self, data: bytes) -> None:
+        assert self._f is not None, "journal not started"
+        self._f.write(_LEN.pack(len(data)) + data)
+        self._f.flush()  # into the page cache: survives the process being killed
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def discard(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    def recover(self) -> OpenBatch | None:
+        """The batch a killed agent left open (complete records only), or None."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        records: list[bytes] = []
+        pos = 0
+        while pos + _LEN.size <= len(data):
+            (n,) = _LEN.unpack_from(data, pos)
+            if pos + _LEN.size + n > len(data):
+                break  # the record being written when the agent died
+            records.append(data[pos + _LEN.size : pos + _LEN.size + n])
+            pos += _LEN.size + n
+        if not records:
+            return None
+        try:
+            agent = _agent_dec.decode(records[0])
+            batch = OpenBatch(agent, started=0.0)
+            for rec in records[1:]:
+                batch.add(_part_dec.decode(rec))
+        except msgspec.DecodeError as e:
+            log.error("journal %s is unreadable (%s): set aside as %s.bad", self.path, e, self.path.name)
+            self.path.replace(self.path.with_name(self.path.name + ".bad"))
+            return None
+        return batch

@@ -1,0 +1,177 @@
+"""Agent configuration: one dataclass, filled from defaults < TOML file < GPUFLEET_* env < flags.
+
+Every field has an environment twin ``GPUFLEET_<FIELD>`` (two historical spellings are
+kept as aliases: ``GPUFLEET_COLLECTOR_URL`` and ``GPUFLEET_AGENT_TOKEN``), so a node can be
+configured entirely from a systemd unit or a Kubernetes DaemonSet without a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+SOURCES = ("nvml", "dcgm-exporter", "simulator")
+ATTRIBUTORS = ("slurm", "kubernetes", "process")
+
+
+def _default_spool() -> Path:
+    # /var/lib is right for a root daemon; an unprivileged user gets a per-user cache dir.
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpufleet/spool")
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpufleet" / "spool"
+
+
+@dataclass
+class AgentConfig:
+    collector_url: str = "http://127.0.0.1:8000"
+    token: str | None = None
+    node: str = field(default_factory=socket.gethostname)
+    cluster: str = "default"
+    interval_s: float = 1.0
+    flush_s: float = 10.0
+    spool_dir: Path = field(default_factory=_default_spool)
+    spool_max_bytes: int = GIB
+    # sources
+    source: str = "auto"  # nvml | dcgm-exporter | simulator | auto (nvml when a GPU answers)
+    simulate: int = 0  # simulated nodes (with source=simulator); this agent is node 0 unless `node` names one
+    gpus_per_node: int = 8
+    dcgm_exporter_url: str = "http://localhost:9400/metrics"
+    infiniband: bool = True  # add IB/RoCE rates from sysfs when HCAs exist
+    gpm: bool = True  # Hopper+ GPM profiling metrics through NVML
+    xid_events: bool = True
+    # attribution (comma list in env/flags): slurm, kubernetes, process; "auto" = all that apply
+    attributors: tuple[str, ...] = ("auto",)
+    slurm_mapping_dir: Path = Path("/var/run/gpufleet/jobs")
+    gpustat_dir: Path = Path("/run/gpustat")
+    kubelet_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    proc_root: Path = Path("/proc")
+    sys_root: Path = Path("/sys")
+    attribution_ttl_s: float = 5.0  # re-ask the kubelet / re-read /proc at most this often
+    # delivery
+    timeout_s: float = 10.0
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    retry_after_max_s: float = 300.0
+    compress: str = "zstd"  # zstd | gzip | none
+    fsync: bool = True  # fsync spool files: survives power loss, costs one fsync per flush
+    # local Prometheus endpoint (None = off)
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
+    metrics_dcgm_names: bool = False  # also expose DCGM_FI_* names, to stand in for dcgm-exporter
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting and what to do about it."""
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0 (got {self.interval_s})")
+        if self.flush_s < self.interval_s:
+            raise ValueError(f"flush_s ({self.flush_s}) must be >= interval_s ({self.interval_s})")
+        if self.source not in (*SOURCES, "auto"):
+            raise ValueError(f"source {self.source!r}: use one of {', '.join(SOURCES)} or auto")
+        bad = [a for a in self.attributors if a not in (*ATTRIBUTORS, "auto", "none")]
+        if bad:
+            raise ValueError(f"attributors {bad}: use any of {', '.join(ATTRIBUTORS)}, auto or none")
+        if self.spool_max_bytes < 1024 * 1024:
+            raise ValueError(f"spool_max_bytes {self.spool_max_bytes} is below 1 MiB")
+        if self.compress not in ("zstd", "gzip", "none"):
+            raise ValueError(f"compress {self.compress!r}: use zstd, gzip or none")
+        if not self.collector_url.startswith(("http://", "https://")):
+            raise ValueError(f"collector_url {self.collector_url!r} must start with http:// or https://")
+
+
+ENV_PREFIX = "GPUFLEET_"
+ENV_ALIASES = {"collector_url": ("GPUFLEET_COLLECTOR_URL", "GPUFLEET_COLLECTOR"),
+               "token": ("GPUFLEET_AGENT_TOKEN", "GPUFLEET_TOKEN")}
+
+
+def env_name(name: str) -> str:
+    return ENV_ALIASES.get(name, (ENV_PREFIX + name.upper(),))[0]
+
+
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(AgentConfig)
+
+
+def coerce(name: str, raw: Any) -> Any:
+    """Turn a string/TOML value into the type the field declares; ValueError says which field."""
+    hint = _hints()[name]
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if isinstance(hint, types.UnionType) else hint
+    if raw is None or (optional and isinstance(raw, str) and raw.strip().lower() in ("", "none", "null")):
+        if optional:
+            return None
+        raise ValueError(f"{name}: a value is required")
+    try:
+        if base is bool:
+            if isinstance(raw, bool):
+                return raw
+            s = str(raw).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {raw!r}")
+        if base is int:
+            return int(float(raw)) if isinstance(raw, str) and any(c in raw for c in ".eE") else int(raw)
+        if base is float:
+            return float(raw)
+        if base is Path:
+            return Path(str(raw)).expanduser()
+        if typing.get_origin(base) is tuple:
+            items = raw.split(",") if isinstance(raw, str) else list(raw)
+            return tuple(s.strip() for s in items if str(s).strip())
+        return str(raw)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def from_mapping(values: Mapping[str, Any], origin: str) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(AgentConfig)}
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        key = k.replace("-", "_")
+        if key not in names:
+            raise ValueError(f"{origin}: unknown agent setting {k!r} (known: {', '.join(sorted(names))})")
+        out[key] = coerce(key, v)
+    return out
+
+
+def from_file(path: Path) -> dict[str, Any]:
+    """Read a TOML file: keys at top level or under ``[agent]``."""
+    data = tomllib.loads(Path(path).read_text())
+    if "agent" in data and isinstance(data["agent"], dict):
+        data = data["agent"]
+    return from_mapping(data, str(path))
+
+
+def from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(AgentConfig):
+        for var in ENV_ALIASES.get(f.name, (ENV_PREFIX + f.name.upper(),)):
+            if var in env:
+                out[f.name] = coerce(f.name, env[var])
+                break
+    return out
+
+
+def load_config(file: Path | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> AgentConfig:
+    """Defaults < file < environment < explicit overrides (command-line flags)."""
+    merged: dict[str, Any] = {}
+    if file is not None:
+        merged.update(from_file(file))
+    merged.update(from_env(os.environ if env is None else env))
+    if overrides:
+        merged.update(from_mapping({k: v for k, v in overrides.items() if v is not None}, "flags"))
+    cfg = AgentConfig(**merged)
+    cfg.validate()
+    return cfg

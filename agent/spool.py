@@ -1,0 +1,207 @@
+"""Durable, size-bounded on-disk spool of encoded batches, replayed oldest first.
+
+Layout under the spool directory::
+
+    queue/<order:016d>-<rows>.batch   one encoded batch each: a JSON header line, then the body
+    open.journal                      the batch being built (see journal.py)
+    dead/<name>.batch + reasons.jsonl batches the collector rejected for good, with its reason
+
+A batch is written to a temporary name, fsynced and renamed, so a crash leaves either the
+whole file or none of it. The header keeps the batch's idempotency key, so a batch sent
+again after an agent restart still counts once at the collector. When the spool would grow
+past ``max_bytes`` the oldest batches are deleted, counted in ``dropped_*`` and logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_SUFFIX = ".batch"
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolItem:
+    path: Path
+    order: int
+    rows: int
+    size: int
+
+    def read(self) -> tuple[dict[str, object], bytes]:
+        """(header, body): header holds ``key`` and the HTTP ``headers`` the body needs."""
+        data = self.path.read_bytes()
+        nl = data.index(b"\n")
+        return json.loads(data[:nl]), data[nl + 1 :]
+
+
+def _parse_name(name: str) -> tuple[int, int] | None:
+    if not name.endswith(_SUFFIX):
+        return None
+    stem = name[: -len(_SUFFIX)]
+    order, _, rows = stem.partition("-")
+    if not (order.isdigit() and rows.isdigit()):
+        return None
+    return int(order), int(rows)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Spool:
+    def __init__(self, directory: Path, max_bytes: int, *, fsync: bool = True,
+                 on_drop: Callable[[int, int], None] | None = None) -> None:
+        self.dir = Path(directory)
+        self.queue_dir = self.dir / "queue"
+        self.dead_dir = self.dir / "dead"
+        self.max_bytes = max_bytes
+        self.fsync = fsync
+        self.on_drop = on_drop  # (batches, rows) dropped because the spool was full
+        self.dropped_batches = 0
+        self.dropped_rows = 0
+        self._lock = threading.Lock()
+        self._items: list[SpoolItem] = []
+        self._inflight: Path | None = None
+        self.queue_dir.mkdir(parents=True, exist_ok=True)
+        self._scan()
+
+    @property
+    def journal_path(self) -> Path:
+        return self.dir / "open.journal"
+
+    def _scan(self) -> None:
+        items = []
+        for p in self.queue_dir.iterdir():
+            parsed = _parse_name(p.name)
+            if parsed is None:
+                if p.name.endswith(".tmp"):  # a write cut short by a crash: never renamed, never acknowledged
+                    p.unlink(missing_ok=True)
+                continue
+            items.append(SpoolItem(p, parsed[0], parsed[1], p.stat().st_size))
+        items.sort(key=lambda i: i.order)
+        self._items = items
+        if items:
+            log.info("spool %s: %d batches (%d rows, %.1f MiB) left from before, replaying oldest first",
+                     self.queue_dir, len(items), self.pending_rows, self.pending_bytes / 2**20)
+
+    # --- state ---------------------------------------------------------------------------
+
+    @property
+    def pending_batches(self) -> int:
+        return len(self._items)
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(i.size for i in self._items)
+
+    @property
+    def pending_rows(self) -> int:
+        return sum(i.rows for i in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    # --- writing -------------------------------------------------------------------------
+
+    def put(self, body: bytes, headers: dict[str, str], key: str, rows: int) -> SpoolItem | None:
+        """Store one encoded batch durably; returns None when it alone exceeds the spool size."""
+        header = json.dumps({"key": key, "headers": headers, "rows": rows, "spooled_at": time.time()}).encode()
+        size = len(header) + 1 + len(body)
+        with self._lock:
+            if size > self.max_bytes:
+                self._count_drop(1, rows)
+                log.error("batch %s (%d rows, %d bytes) is larger than the whole spool (%d bytes): dropped",
+                          key, rows, size, self.max_bytes)
+                return None
+            self._make_room(size)
+            order = self._items[-1].order + 1 if self._items else 1
+            path = self.queue_dir / f"{order:016d}-{rows}{_SUFFIX}"
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(header)
+                f.write(b"\n")
+                f.write(body)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+            if self.fsync:
+                fsync_dir(self.queue_dir)
+            item = SpoolItem(path, order, rows, size)
+            self._items.append(item)
+            return item
+
+    def _make_room(self, size: int) -> None:
+        total = self.pending_bytes
+        while self._items and total + size > self.max_bytes:
+            victim = next((i for i in self._items if i.path != self._inflight), None)
+            if victim is None:
+                break
+            self._items.remove(victim)
+            victim.path.unlink(missing_ok=True)
+            total -= victim.size
+            self._count_drop(1, victim.rows)
+            log.warning("spool %s full (%d bytes max): dropped oldest batch %s (%d rows); %d dropped so far",
+                        self.dir, self.max_bytes, victim.path.name, victim.rows, self.dropped_batches)
+
+    def _count_drop(self, batches: int, rows: int) -> None:
+        self.dropped_batches += batches
+        self.dropped_rows += rows
+        if self.on_drop:
+            self.on_drop(batches, rows)
+
+    # --- reading -------------------------------------------------------------------------
+
+    def peek(self) -> SpoolItem | None:
+        """The oldest batch, marked in flight so a full spool does not delete it mid-send."""
+        with self._lock:
+            if not self._items:
+                return None
+            item = self._items[0]
+            self._inflight = item.path
+            return item
+
+    def ack(self, item: SpoolItem) -> None:
+        """The collector stored it (or already had it): forget it."""
+        with self._lock:
+            self._remove(item)
+        item.path.unlink(missing_ok=True)
+
+    def dead_letter(self, item: SpoolItem, status: int, reason: str) -> Path:
+        """Move a permanently rejected batch aside with the collector's reason."""
+        self.dead_dir.mkdir(exist_ok=True)
+        target = self.dead_dir / item.path.name
+        with self._lock:
+            self._remove(item)
+            try:
+                header, _ = item.read()
+            except (OSError, ValueError):
+                header = {}
+            os.replace(item.path, target)
+            with open(self.dead_dir / "reasons.jsonl", "a") as f:
+                f.write(json.dumps({"file": target.name, "key": header.get("key"), "rows": item.rows,
+                                    "status": status, "reason": reason, "at": time.time()}) + "\n")
+        return target
+
+    def _remove(self, item: SpoolItem) -> None:
+        if item in self._items:
+            self._items.remove(item)
+        if self._inflight == item.path:
+            self._inflight = None
+
+    def release(self) -> None:
+        """The send did not finish: the batch stays first in line."""
+        with self._lock:
+            self._inflight = None

@@ -1,0 +1,182 @@
+"""`gpufleet up`: the whole system in one process on an embedded default.
+
+SQLite under --data-dir, collector + API + web page, analysis in-process (no Redis), and
+agents: real NVML sampling when GPUs are present, else (or with --simulate N) a simulated
+fleet. Agents push over real HTTP to this process's collector, exactly as remote nodes do."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("gpufleet.up")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="run everything in one process (SQLite, simulated or local GPUs)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    p.add_argument("--data-dir", default="./gpufleet-data", help="SQLite database, agent spools (default ./gpufleet-data)")
+    p.add_argument("--database-url", default=None, help="use this database instead of SQLite under --data-dir")
+    p.add_argument("--simulate", type=int, default=None, metavar="NODES",
+                   help="simulate NODES nodes (default: sample local GPUs via NVML, else simulate 16)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
+    p.add_argument("--flush-s", type=float, default=5.0, help="agent flush interval in seconds (default 5)")
+    p.add_argument("--analysis-interval", type=float, default=30.0, help="seconds between analysis runs (default 30)")
+    p.set_defaults(func=run)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return False
+
+
+def _local_gpu_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as e:  # no driver, no library, no GPU: all mean "simulate"
+        log.debug("NVML unavailable (%s): simulating", e)
+        return 0
+
+
+def _sources(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """(node name, Source) pairs for the agents this process runs."""
+    if args.simulate is None and _local_gpu_count() > 0:
+        from gpufleet.agent.sources.nvml import NvmlSource
+
+        log.info("NVML found GPUs on this machine: sampling them for real")
+        return [(socket.gethostname(), NvmlSource())]
+    from gpufleet.agent.simulator import SimulatedFleet
+
+    nodes = args.simulate if args.simulate is not None else 16
+    fleet = SimulatedFleet(nodes=nodes, gpus_per_node=args.gpus_per_node, seed=args.seed, start_ts=time.time())
+    log.info("simulating %d nodes x %d GPUs (%d jobs)", nodes, args.gpus_per_node, len(fleet.jobs))
+    return [(n, fleet.source(n)) for n in fleet.node_names()]
+
+
+class _Background:
+    """Agents and the analysis loop, started once the server listens, stopped on shutdown."""
+
+    def __init__(self, args: argparse.Namespace, base_url: str, data_dir: Path) -> None:
+        self.args = args
+        self.base_url = base_url
+        self.data_dir = data_dir
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start_agents(self) -> None:
+        from gpufleet.agent.runner import Agent, AgentConfig
+
+        for node, source in _sources(self.args):
+            cfg = AgentConfig(
+                collector_url=self.base_url,
+                node=node,
+                flush_s=self.args.flush_s,
+                spool_dir=self.data_dir / "spool" / node,
+            )
+            agent = Agent(cfg, source)
+            t = threading.Thread(target=agent.run, args=(self.stop,), name=f"agent-{node}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def start_analysis(self, engine: Any) -> None:
+        t = threading.Thread(target=self._analysis_loop, args=(engine,), name="analysis", daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _analysis_loop(self, engine: Any) -> None:
+        from gpufleet.analysis.runner import run_analysis
+
+        alerts = _alerts_hook()
+        # First pass soon after start so the page shows flags within a minute.
+        wait = min(20.0, self.args.analysis_interval)
+        while not self.stop.wait(wait):
+            try:
+                run_analysis(engine)
+                if alerts:
+                    alerts(engine)
+            except Exception:
+                log.exception("analysis pass failed; retrying next interval")
+            wait = self.args.analysis_interval
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=15)
+
+
+def _alerts_hook() -> Any:
+    """Slack alerts in embedded mode only when a webhook or rules file is configured."""
+    if not (os.environ.get("GPUFLEET_SLACK_WEBHOOK_URL") or os.environ.get("GPUFLEET_ALERT_RULES")):
+        return None
+    try:
+        from gpufleet.alerts.runner import evaluate_and_deliver_from_env
+    except ImportError:
+        return None
+    return evaluate_and_deliver_from_env
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gpufleet.server import create_app
+    from gpufleet.settings import ServerSettings
+    from gpufleet.storage.db import resolve_url
+    from gpufleet.storage.migrate import upgrade
+
+    data_dir = Path(args.data_dir).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    url = resolve_url(args.database_url, data_dir)
+    upgrade(url)
+
+    loopback = _is_loopback(args.host)
+    if not loopback:
+        log.warning("listening on %s: anonymous access stays OFF; create tokens with `gpufleet token create`",
+                    args.host)
+    settings = ServerSettings(database_url=url, data_dir=data_dir, host=args.host, port=args.port,
+                              allow_anonymous=loopback, analysis_interval_s=args.analysis_interval)
+    local = f"http://127.0.0.1:{args.port}" if not loopback else f"http://{args.host}:{args.port}"
+    bg = _Background(args, local, data_dir)
+
+    @contextlib.asynccontextmanager
+    async def background(app: Any) -> AsyncIterator[None]:
+        bg.start_analysis(app.state.engine)
+        yield
+        bg.shutdown()
+
+    app = create_app(settings, extra_lifespans=[background])
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+
+    def announce() -> None:
+        while not server.started and not bg.stop.is_set():
+            time.sleep(0.05)
+        if server.started:
+            shown = "localhost" if args.host in ("127.0.0.1", "0.0.0.0") else args.host
+            print(f"gpufleet is up: http://{shown}:{args.port}/  (API docs /docs, Ctrl-C to stop)", flush=True)
+            print(f"database: {url}", flush=True)
+            bg.start_agents()
+
+    threading.Thread(target=announce, name="announce", daemon=True).start()
+    server.run()
+    bg.shutdown()
+    return 0

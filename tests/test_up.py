@@ -1,0 +1,79 @@
+"""`gpufleet up` from the README: serves the page within 60 s, the simulated fleet's jobs
+appear in /api/v1/jobs, and Ctrl-C stops it cleanly. A real subprocess, real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpufleet.agent.simulator import SimulatedFleet
+
+from .conftest import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _wait(fn, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout
+    last: object = None
+    while time.time() < deadline:
+        try:
+            out = fn()
+            if out:
+                return out
+        except httpx.HTTPError as e:
+            last = e
+        time.sleep(0.5)
+    raise AssertionError(f"{what} not within {timeout:.0f}s (last error: {last})")
+
+
+def test_up_serves_fleet_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet.cli", "up", "--port", str(port), "--data-dir", str(tmp_path),
+         "--simulate", "16", "--flush-s", "2", "--analysis-interval", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        started = time.time()
+        page = _wait(lambda: (r := httpx.get(base + "/", timeout=5)).status_code == 200 and r, 60, "web page")
+        assert time.time() - started < 60
+        assert "gpufleet" in page.text.lower()
+
+        expected = {j.job_id for j in SimulatedFleet(nodes=16, gpus_per_node=8, seed=0).jobs}
+
+        def jobs() -> set[str]:
+            r = httpx.get(base + "/api/v1/jobs", params={"limit": 500}, timeout=5)
+            r.raise_for_status()
+            body = r.json()
+            items = body["data"] if isinstance(body, dict) else body
+            return {j["job_id"] for j in items}
+
+        seen = _wait(lambda: (s := jobs()) >= expected and s, 60, "all simulated jobs in /api/v1/jobs")
+        assert seen >= expected
+
+        detail = httpx.get(base + f"/api/v1/jobs/{sorted(expected)[0]}", timeout=5)
+        assert detail.status_code == 200
+        assert isinstance(detail.json()["flags"], list)
+        # No Redis, no PostgreSQL: the data lives in SQLite under --data-dir.
+        assert (tmp_path / "gpufleet.db").exists()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            pytest.fail(f"gpufleet up did not stop within 30 s after Ctrl-C:\n{out[-4000:]}")
+    assert proc.returncode == 0, out[-4000:]
+    assert f"http://localhost:{port}/" in out
+    assert "Traceback" not in out, out[-4000:]
