@@ -5,15 +5,22 @@ It implements the same ``Source`` interface as the NVML source, so everything do
 GPUs. Each profile carries its ground truth (the flags the goodput engine should raise),
 so bench/goodput can measure precision and recall, false positives on healthy jobs too.
 
+Every job draws its own parameters (intensities, periods, fault times, which GPU is slow)
+from its seed, so two jobs of one profile differ, and some land near the thresholds on
+purpose. What is and is not modelled: docs/goodput.md.
+
 Pure Python (no numpy): the agent installs without the server's packages.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import IO, Any
 
 from gpufleet.protocol import Event, GpuInfo, JobInfo
 
@@ -23,7 +30,10 @@ GIB = 1024**3
 H100 = "NVIDIA H100 80GB HBM3"
 H100_MEM = 80 * GIB
 MAX_SM_CLOCK = 1980.0
+IDLE_SM_CLOCK = 345.0
 MEM_CLOCK = 2619.0
+NVLINK_BW = 4.5e11  # H100 SXM, bytes/s per direction
+IB_BW = 5.0e10  # NDR 400 Gb/s, bytes/s per direction
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +46,9 @@ class GpuContext:
     node_rank: int
     n_nodes: int
     rng: random.Random
+    job_seed: int = 0  # per-job parameters are drawn from this
+    interval_s: float = 1.0  # the sampling interval (counters are averaged over it)
+    gpus_per_node: int = 8
 
 
 ProfileFn = Callable[[GpuContext], dict[str, float]]
@@ -49,6 +62,29 @@ class Profile:
     healthy: bool = False
     min_gpus: int = 1
     multi_node: bool = False
+    max_gpus: int = 8
+
+
+# --- per-job parameters -----------------------------------------------------------------
+
+_PARAMS: dict[tuple[str, int], dict[str, Any]] = {}
+
+
+def _params(name: str, ctx: GpuContext, draw: Callable[[random.Random, GpuContext], dict[str, Any]]) -> dict[str, Any]:
+    key = (name, ctx.job_seed)
+    p = _PARAMS.get(key)
+    if p is None:
+        if len(_PARAMS) > 20000:  # bounded: a long-running simulator sees many jobs
+            _PARAMS.clear()
+        p = draw(random.Random(f"{name}/{ctx.job_seed}"), ctx)
+        _PARAMS[key] = p
+    return p
+
+
+def _gpu_offset(ctx: GpuContext) -> tuple[float, float]:
+    """Persistent per-GPU spread (silicon lottery, placement): SM activity and clock."""
+    r = random.Random(ctx.job_seed * 1009 + ctx.rank)
+    return r.gauss(0.0, 0.012), r.gauss(0.0, 8.0)
 
 
 def _noise(rng: random.Random, x: float, sd: float, lo: float = 0.0, hi: float = 1.0) -> float:
@@ -58,34 +94,37 @@ def _noise(rng: random.Random, x: float, sd: float, lo: float = 0.0, hi: float =
 def _base(ctx: GpuContext, *, sm: float, occ: float, tensor: float, dram: float, fb_gib: float,
           power: float, fp32: float = 0.05, fp16: float = 0.02, fp64: float = 0.0,
           pcie_rx: float = 2e8, pcie_tx: float = 5e7, nvlink: float = 0.0, ib: float = 0.0,
-          clock: float = MAX_SM_CLOCK, reasons: int = 0) -> dict[str, float]:
+          clock: float = MAX_SM_CLOCK, reasons: int = 0, sd: float = 0.03) -> dict[str, float]:
     r = ctx.rng
-    sm_v = _noise(r, sm, 0.03)
+    g = r.gauss
+    sm_off, clk_off = _gpu_offset(ctx)
+    sm_v = min(1.0, max(0.0, g(sm + (sm_off if sm > 0.05 else 0.0), sd)))
     busy = sm_v > 0.02
+    scale = sm_v / sm if sm > 0.02 else 0.0  # secondary pipes follow the SM activity's noise
     return {
         "gr_engine_active": min(1.0, sm_v * 1.02),
         "sm_active": sm_v,
-        "sm_occupancy": _noise(r, occ, 0.02),
-        "tensor_active": _noise(r, tensor, 0.02),
-        "dram_active": _noise(r, dram, 0.03),
-        "fp64_active": _noise(r, fp64, 0.002),
-        "fp32_active": _noise(r, fp32, 0.01),
-        "fp16_active": _noise(r, fp16, 0.005),
+        "sm_occupancy": min(1.0, max(0.0, occ * scale + g(0, 0.01))),
+        "tensor_active": min(1.0, max(0.0, tensor * scale + g(0, 0.006))),
+        "dram_active": min(1.0, max(0.0, dram * scale + g(0, 0.02))),
+        "fp64_active": max(0.0, fp64 * scale + g(0, 0.002)),
+        "fp32_active": min(1.0, max(0.0, fp32 * scale + g(0, 0.01))),
+        "fp16_active": min(1.0, max(0.0, fp16 * scale + g(0, 0.004))),
         "gpu_util": 1.0 if busy else 0.0,
-        "mem_copy_util": _noise(r, dram * 0.8, 0.03),
+        "mem_copy_util": min(1.0, max(0.0, dram * 0.8 * scale + g(0, 0.02))),
         "fb_used_bytes": max(0.0, fb_gib * GIB + r.uniform(-0.2, 0.2) * GIB),
         "fb_total_bytes": float(H100_MEM),
-        "power_w": _noise(r, power, 8.0, 50.0, 700.0),
-        "temp_c": _noise(r, 35 + power / 14, 1.0, 20.0, 95.0),
-        "sm_clock_mhz": clock if busy else 345.0,
+        "power_w": min(700.0, max(50.0, g(power * (0.4 + 0.6 * scale) if busy else power, 8.0))),
+        "temp_c": min(95.0, max(20.0, g(35 + power / 14, 1.0))),
+        "sm_clock_mhz": min(MAX_SM_CLOCK, clock + clk_off) if busy else IDLE_SM_CLOCK,
         "mem_clock_mhz": MEM_CLOCK,
         "clock_event_reasons": float(reasons if busy else 0x1),
-        "pcie_tx_bytes_s": _noise(r, pcie_tx, pcie_tx * 0.1 + 1, 0.0, 1e12),
-        "pcie_rx_bytes_s": _noise(r, pcie_rx, pcie_rx * 0.1 + 1, 0.0, 1e12),
-        "nvlink_tx_bytes_s": _noise(r, nvlink, nvlink * 0.05 + 1, 0.0, 1e13),
-        "nvlink_rx_bytes_s": _noise(r, nvlink, nvlink * 0.05 + 1, 0.0, 1e13),
-        "ib_tx_bytes_s": _noise(r, ib, ib * 0.05 + 1, 0.0, 1e12),
-        "ib_rx_bytes_s": _noise(r, ib, ib * 0.05 + 1, 0.0, 1e12),
+        "pcie_tx_bytes_s": max(0.0, g(pcie_tx, pcie_tx * 0.1 + 1)),
+        "pcie_rx_bytes_s": max(0.0, g(pcie_rx, pcie_rx * 0.1 + 1)),
+        "nvlink_tx_bytes_s": max(0.0, g(nvlink, nvlink * 0.05 + 1)),
+        "nvlink_rx_bytes_s": max(0.0, g(nvlink, nvlink * 0.05 + 1)),
+        "ib_tx_bytes_s": max(0.0, g(ib, ib * 0.05 + 1)),
+        "ib_rx_bytes_s": max(0.0, g(ib, ib * 0.05 + 1)),
         "xid_last": 0.0,
         "ecc_dbe_volatile": 0.0,
         "ecc_sbe_volatile": 0.0,
@@ -95,112 +134,307 @@ def _base(ctx: GpuContext, *, sm: float, occ: float, tensor: float, dram: float,
     }
 
 
+def _background(ctx: GpuContext, d: dict[str, float], p: dict[str, Any]) -> dict[str, float]:
+    """Things healthy jobs see too: corrected ECC, a few NVLink CRC retries, application
+    XIDs (13 graphics exception, 31 MMU fault, 43 stopped): none of them is a hardware fault."""
+    if p.get("app_xid") and ctx.rank == 0 and ctx.t >= p["app_xid_at"]:
+        d["xid_last"] = float(p["app_xid"])
+    d["ecc_sbe_volatile"] = float(p.get("sbe", 0) + int(ctx.t / 3600.0 * p.get("sbe_rate", 0)))
+    d["nvlink_error_count"] = float(min(int(ctx.t / 600.0), p.get("crc", 0)))
+    return d
+
+
+def _healthy_extras(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"eval_every": r.uniform(2400, 4800), "eval_len": r.uniform(120, 720), "eval_k": r.uniform(0.35, 0.6),
+            "app_xid": r.choice([13, 31, 43]) if r.random() < 0.15 else 0, "app_xid_at": r.uniform(60, 2400),
+            "sbe": r.choice([0, 0, 0, 3, 12]), "sbe_rate": r.choice([0, 0, 1, 4]), "crc": r.choice([0, 0, 2, 20, 60])}
+
+
+def _busy_overlap(t: float, width: float, period: float, busy: float, phase: float) -> float:
+    """Share of the sampling interval (t - width, t] inside the busy part of a periodic
+    busy/idle cycle: DCGM counters are averages over the interval, not point samples."""
+    a, b = t - width + phase, t + phase
+
+    def cum(x: float) -> float:  # busy time in [0, x)
+        k, rem = divmod(x, period)
+        return k * busy + min(rem, busy)
+
+    return (cum(b) - cum(a)) / width if width > 0 else 0.0
+
+
+def _step_dip(ctx: GpuContext, p: dict[str, Any]) -> float:
+    """Training steps end in an all-reduce and an optimizer step: a short SM dip per step
+    (mostly averaged away at 1 Hz), and a checkpoint every so often (tens of seconds idle)."""
+    if p.get("ckpt_every") and (ctx.t % p["ckpt_every"]) < p["ckpt_len"]:
+        return 0.03
+    if p.get("eval_every") and (ctx.t % p["eval_every"]) >= p["eval_every"] - p["eval_len"]:
+        return p["eval_k"]  # evaluation pass: forward only, smaller kernels, for a few minutes
+    return 1.0 - p.get("dip", 0.06) * ctx.rng.random()
+
+
 # --- healthy profiles -------------------------------------------------------------------
 
+def _draw_llm(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    capped = r.random() < 0.35  # SW power cap at full load is normal on H100s: clocks dip a little
+    return {"sm": r.uniform(0.84, 0.96), "tensor": r.uniform(0.38, 0.68), "occ": r.uniform(0.3, 0.5),
+            "dram": r.uniform(0.35, 0.55), "fb": r.uniform(55, 78), "power": r.uniform(600, 690),
+            "nvl": r.uniform(0.15, 0.45) * NVLINK_BW, "ib": r.uniform(0.2, 0.5) * IB_BW,
+            "clock": r.uniform(1720, 1930) if capped else MAX_SM_CLOCK, "reasons": 0x4 if capped else 0,
+            "ckpt_every": r.uniform(900, 2400), "ckpt_len": r.uniform(15, 90), "dip": r.uniform(0.02, 0.12),
+            **_healthy_extras(r, ctx)}
+
+
 def llm_pretrain(ctx: GpuContext) -> dict[str, float]:
-    # Periodic short all-reduce dips every ~30 s keep it realistic without looking stalled.
-    dip = (ctx.t % 30) < 1
-    return _base(ctx, sm=0.7 if dip else 0.92, occ=0.42, tensor=0.55, dram=0.45, fb_gib=74,
-                 power=640, nvlink=1.2e11, ib=2.0e10 if ctx.n_nodes > 1 else 0.0, fp16=0.05)
+    p = _params("llm_pretrain", ctx, _draw_llm)
+    k = _step_dip(ctx, p)
+    d = _base(ctx, sm=p["sm"] * k, occ=p["occ"], tensor=p["tensor"], dram=p["dram"], fb_gib=p["fb"],
+              power=p["power"], nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0, ib=p["ib"] if ctx.n_nodes > 1 else 0.0,
+              fp16=0.05, clock=p["clock"], reasons=p["reasons"])
+    return _background(ctx, d, p)
+
+
+def _draw_vision(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"sm": r.uniform(0.72, 0.92), "tensor": r.uniform(0.18, 0.45), "occ": r.uniform(0.4, 0.6),
+            "dram": r.uniform(0.5, 0.7), "fb": r.uniform(18, 60), "power": r.uniform(480, 600),
+            "nvl": r.uniform(0.05, 0.2) * NVLINK_BW,
+            # Mild input hiccups (a slow shard now and then): healthy, not an input stall.
+            "hiccup_every": r.uniform(20, 120), "hiccup_len": r.uniform(0.5, 3.0),
+            "ckpt_every": r.uniform(1200, 3600), "ckpt_len": r.uniform(10, 40), **_healthy_extras(r, ctx)}
 
 
 def vision_train(ctx: GpuContext) -> dict[str, float]:
-    return _base(ctx, sm=0.86, occ=0.55, tensor=0.32, dram=0.62, fb_gib=46, power=560,
-                 pcie_rx=3e9, nvlink=4e10 if ctx.n_gpus > 1 else 0.0)
+    p = _params("vision_train", ctx, _draw_vision)
+    k = _step_dip(ctx, p) * _busy_overlap(ctx.t, ctx.interval_s, p["hiccup_every"],
+                                          p["hiccup_every"] - p["hiccup_len"], 0.0)
+    d = _base(ctx, sm=max(0.02, p["sm"] * k), occ=p["occ"], tensor=p["tensor"], dram=p["dram"], fb_gib=p["fb"],
+              power=p["power"], pcie_rx=3e9, nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0)
+    return _background(ctx, d, p)
+
+
+def _draw_infer(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"sm": r.uniform(0.55, 0.85), "tensor": r.uniform(0.15, 0.4), "occ": r.uniform(0.25, 0.45),
+            "dram": r.uniform(0.55, 0.8), "fb": r.uniform(30, 72), "power": r.uniform(420, 560),
+            "wave": r.uniform(600, 1800), "amp": r.uniform(0.0, 0.1), **_healthy_extras(r, ctx)}
 
 
 def batch_inference(ctx: GpuContext) -> dict[str, float]:
-    return _base(ctx, sm=0.82, occ=0.35, tensor=0.3, dram=0.7, fb_gib=60, power=520, pcie_rx=1.5e9,
-                 pcie_tx=1.5e9)
+    # Offline batch inference: steady, memory-bandwidth heavy, load drifts slowly.
+    p = _params("batch_inference", ctx, _draw_infer)
+    sm = p["sm"] + p["amp"] * math.sin(2 * math.pi * ctx.t / p["wave"])
+    d = _base(ctx, sm=sm, occ=p["occ"], tensor=p["tensor"], dram=p["dram"], fb_gib=p["fb"], power=p["power"],
+              pcie_rx=1.5e9, pcie_tx=1.5e9)
+    return _background(ctx, d, p)
+
+
+def _draw_dp(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"sm": r.uniform(0.8, 0.94), "tensor": r.uniform(0.35, 0.6), "occ": r.uniform(0.35, 0.5),
+            "dram": r.uniform(0.4, 0.6), "fb": r.uniform(50, 76), "power": r.uniform(580, 680),
+            "nvl": r.uniform(0.1, 0.35) * NVLINK_BW, "ib": r.uniform(0.24, 0.52) * IB_BW,
+            "ckpt_every": r.uniform(1200, 3000), "ckpt_len": r.uniform(20, 60), "dip": r.uniform(0.03, 0.1),
+            **_healthy_extras(r, ctx)}
 
 
 def multinode_dp(ctx: GpuContext) -> dict[str, float]:
-    return _base(ctx, sm=0.88, occ=0.45, tensor=0.48, dram=0.5, fb_gib=70, power=620,
-                 nvlink=8e10, ib=2.2e10)
+    # Data parallel over InfiniBand: the network is busy but well below its capacity.
+    p = _params("multinode_dp", ctx, _draw_dp)
+    d = _base(ctx, sm=p["sm"] * _step_dip(ctx, p), occ=p["occ"], tensor=p["tensor"], dram=p["dram"],
+              fb_gib=p["fb"], power=p["power"], nvlink=p["nvl"], ib=p["ib"] if ctx.n_nodes > 1 else 0.0)
+    return _background(ctx, d, p)
+
+
+def _draw_hpc(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"sm": r.uniform(0.7, 0.92), "fp64": r.uniform(0.25, 0.6), "dram": r.uniform(0.5, 0.85),
+            "fb": r.uniform(20, 70), "power": r.uniform(450, 620), **_healthy_extras(r, ctx)}
+
+
+def hpc_fp64(ctx: GpuContext) -> dict[str, float]:
+    # An FP64 stencil code: no tensor cores, and rightly so (no_tensor_cores must not fire).
+    p = _params("hpc_fp64", ctx, _draw_hpc)
+    d = _base(ctx, sm=p["sm"], occ=0.4, tensor=0.0, dram=p["dram"], fb_gib=p["fb"], power=p["power"],
+              fp64=p["fp64"], fp32=0.1)
+    return _background(ctx, d, p)
 
 
 # --- inefficient profiles ---------------------------------------------------------------
 
+def _draw_idle(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    # A forgotten notebook / a hung job: maybe some work first, then nothing.
+    return {"work_s": r.choice([0.0, 0.0, r.uniform(60, 900)]), "fb": r.choice([0.4, r.uniform(1, 30)]),
+            "power": r.uniform(60, 85)}
+
+
+def _idle_values(ctx: GpuContext, fb_gib: float, power: float) -> dict[str, float]:
+    d = _base(ctx, sm=0.0, occ=0.0, tensor=0.0, dram=0.0, fb_gib=fb_gib, power=power, fp32=0.0, fp16=0.0,
+              pcie_rx=1e5, pcie_tx=1e5, sd=0.002)
+    d["sm_active"] = d["gr_engine_active"] = 0.0
+    d["sm_clock_mhz"], d["clock_event_reasons"], d["gpu_util"] = IDLE_SM_CLOCK, 1.0, 0.0
+    return d
+
+
 def idle_gpu(ctx: GpuContext) -> dict[str, float]:
-    return _base(ctx, sm=0.0, occ=0.0, tensor=0.0, dram=0.0, fb_gib=0.5, power=72, fp32=0.0,
-                 fp16=0.0, pcie_rx=1e5, pcie_tx=1e5)
+    p = _params("idle_gpu", ctx, _draw_idle)
+    if ctx.t < p["work_s"]:
+        return vision_train(ctx)
+    return _idle_values(ctx, p["fb"], p["power"])
+
+
+def _draw_low(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    sm = r.uniform(0.16, 0.44)
+    return {"sm": sm, "occ": sm * r.uniform(0.2, 0.4), "tensor": sm * r.uniform(0.1, 0.5), "fb": r.uniform(14, 60),
+            "power": 120 + 500 * sm}
 
 
 def low_sm_activity(ctx: GpuContext) -> dict[str, float]:
     # gpu_util reads 100% (a small kernel is always running) while SMs are mostly empty.
-    d = _base(ctx, sm=0.22, occ=0.06, tensor=0.08, dram=0.12, fb_gib=30, power=210)
+    p = _params("low_sm_activity", ctx, _draw_low)
+    d = _base(ctx, sm=p["sm"], occ=p["occ"], tensor=p["tensor"], dram=p["sm"] * 0.5, fb_gib=p["fb"],
+              power=p["power"])
     d["gpu_util"] = 1.0
     return d
 
 
+def _draw_notc(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"sm": r.uniform(0.5, 0.9), "tensor": r.uniform(0.0, 0.02), "fp32": r.uniform(0.35, 0.7),
+            "fb": r.uniform(20, 70), "power": r.uniform(380, 520)}
+
+
 def no_tensor_cores(ctx: GpuContext) -> dict[str, float]:
-    return _base(ctx, sm=0.8, occ=0.5, tensor=0.005, dram=0.4, fb_gib=50, power=450, fp32=0.65)
+    # FP32 matmuls (no autocast, TF32 off): SMs busy, tensor pipes idle.
+    p = _params("no_tensor_cores", ctx, _draw_notc)
+    return _base(ctx, sm=p["sm"], occ=0.5, tensor=p["tensor"], dram=0.4, fb_gib=p["fb"], power=p["power"],
+                 fp32=p["fp32"])
+
+
+def _draw_stall(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    period = r.uniform(6, 40)
+    return {"period": period, "busy": period * r.uniform(0.3, 0.72), "phase": r.uniform(0, period),
+            "sm": r.uniform(0.82, 0.96), "tensor": r.uniform(0.3, 0.6), "fb": r.uniform(20, 60)}
 
 
 def input_stall(ctx: GpuContext) -> dict[str, float]:
-    # The GPU alternates: ~4 s of compute, ~6 s waiting for the next batch from the host.
-    phase = (ctx.t + ctx.rank * 0.0) % 10
-    if phase < 4:
-        return _base(ctx, sm=0.93, occ=0.5, tensor=0.5, dram=0.5, fb_gib=40, power=600, pcie_rx=6e9)
-    return _base(ctx, sm=0.03, occ=0.01, tensor=0.0, dram=0.02, fb_gib=40, power=110, pcie_rx=2e8)
+    # The GPU alternates: a burst of compute, then a wait for the next batch from the host.
+    # Data-parallel ranks wait together (same phase); the counters average over the interval.
+    p = _params("input_stall", ctx, _draw_stall)
+    share = _busy_overlap(ctx.t, ctx.interval_s, p["period"], p["busy"], p["phase"])
+    sm = 0.02 + (p["sm"] - 0.02) * share
+    return _base(ctx, sm=sm, occ=0.5 * share, tensor=p["tensor"] * share, dram=0.5 * share + 0.01, fb_gib=p["fb"],
+                 power=110 + 490 * share, pcie_rx=2e8 + 6e9 * share)
+
+
+def _draw_comm(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    sm = r.uniform(0.22, 0.52)
+    return {"sm": sm, "tensor": sm * r.uniform(0.3, 0.6), "ib": r.uniform(0.68, 0.97) * IB_BW,
+            "nvl": r.uniform(0.62, 0.9) * NVLINK_BW, "fb": r.uniform(50, 76)}
 
 
 def comm_bound(ctx: GpuContext) -> dict[str, float]:
-    # Network saturated (400 Gb/s NDR ~ 48 GB/s per HCA), SMs waiting on collectives.
-    return _base(ctx, sm=0.32, occ=0.15, tensor=0.15, dram=0.2, fb_gib=64, power=300,
-                 nvlink=3.5e11, ib=4.7e10 if ctx.n_nodes > 1 else 0.0)
+    # Network saturated (IB across nodes, NVLink within one), SMs waiting on collectives.
+    p = _params("comm_bound", ctx, _draw_comm)
+    return _base(ctx, sm=p["sm"], occ=0.15, tensor=p["tensor"], dram=0.2, fb_gib=p["fb"], power=150 + 400 * p["sm"],
+                 nvlink=p["nvl"], ib=p["ib"] if ctx.n_nodes > 1 else 0.0)
+
+
+def _draw_strag(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    node_level = ctx.n_nodes > 1 and r.random() < 0.5
+    cause = r.choice(["thermal", "thermal", "power_brake", "host"])  # host: CPU contention, clocks normal
+    speed = r.uniform(0.55, 0.88)  # the straggler's speed relative to its peers
+    return {"node_level": node_level, "slow_node": r.randrange(max(1, ctx.n_nodes)),
+            "slow_rank": r.randrange(ctx.n_gpus), "cause": cause, "speed": speed,
+            "sm": r.uniform(0.85, 0.97), "tensor": r.uniform(0.35, 0.6), "fb": r.uniform(50, 76)}
 
 
 def straggler(ctx: GpuContext) -> dict[str, float]:
-    # One GPU (rank 0 of the last node) is thermally throttled; its peers wait at barriers.
-    slow = ctx.rank == ctx.n_gpus - 1
+    # One GPU (or one node) is slow; every step waits for it, so its peers idle at barriers.
+    p = _params("straggler", ctx, _draw_strag)
+    slow = (ctx.node_rank == p["slow_node"]) if p["node_level"] else (ctx.rank == p["slow_rank"])
     if slow:
-        return _base(ctx, sm=0.95, occ=0.45, tensor=0.52, dram=0.5, fb_gib=70, power=420,
-                     nvlink=6e10, clock=1140.0, reasons=0x40 | 0x8)
-    return _base(ctx, sm=0.55, occ=0.3, tensor=0.31, dram=0.3, fb_gib=70, power=430, nvlink=6e10)
+        clock, reasons = MAX_SM_CLOCK, 0
+        if p["cause"] == "thermal":
+            clock, reasons = MAX_SM_CLOCK * p["speed"], 0x40 | 0x8
+        elif p["cause"] == "power_brake":
+            clock, reasons = MAX_SM_CLOCK * p["speed"], 0x80 | 0x4
+        return _base(ctx, sm=p["sm"], occ=0.45, tensor=p["tensor"], dram=0.5, fb_gib=p["fb"], power=430,
+                     nvlink=6e10, ib=1.5e10 if ctx.n_nodes > 1 else 0.0, clock=clock, reasons=reasons)
+    k = p["speed"]
+    return _base(ctx, sm=p["sm"] * k, occ=0.45 * k, tensor=p["tensor"] * k, dram=0.5 * k, fb_gib=p["fb"],
+                 power=200 + 400 * k, nvlink=6e10, ib=1.5e10 if ctx.n_nodes > 1 else 0.0)
+
+
+def _draw_mem(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"sm": r.uniform(0.03, 0.17), "fb": r.uniform(0.8, 8.5), "power": r.uniform(90, 160)}
 
 
 def memory_underuse(ctx: GpuContext) -> dict[str, float]:
-    return _base(ctx, sm=0.12, occ=0.05, tensor=0.04, dram=0.06, fb_gib=3.5, power=130)
+    # A small model / small batch on an 80 GB GPU: a MIG slice would do.
+    p = _params("memory_underuse", ctx, _draw_mem)
+    return _base(ctx, sm=p["sm"], occ=0.05, tensor=p["sm"] * 0.3, dram=p["sm"] * 0.5, fb_gib=p["fb"],
+                 power=p["power"], sd=0.02)
+
+
+def _draw_thr(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"clock": r.uniform(880, 1640), "reasons": r.choice([0x4 | 0x80, 0x40 | 0x8, 0x20, 0x8]),
+            "sm": r.uniform(0.8, 0.95), "tensor": r.uniform(0.3, 0.6), "fb": r.uniform(30, 76)}
 
 
 def throttled(ctx: GpuContext) -> dict[str, float]:
-    return _base(ctx, sm=0.9, occ=0.45, tensor=0.5, dram=0.5, fb_gib=70, power=450,
-                 clock=1095.0, reasons=0x4 | 0x80)
+    # Every GPU of the job held down (rack power brake, hot aisle, low power cap).
+    p = _params("throttled", ctx, _draw_thr)
+    return _base(ctx, sm=p["sm"], occ=0.45, tensor=p["tensor"], dram=0.5, fb_gib=p["fb"], power=420,
+                 clock=p["clock"], reasons=p["reasons"])
+
+
+def _draw_over(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"used": r.randint(1, max(1, ctx.n_gpus // 2))}
 
 
 def oversized_allocation(ctx: GpuContext) -> dict[str, float]:
-    # Asked for 8 GPUs, the code uses 2 (a forgotten CUDA_VISIBLE_DEVICES or single-process run).
-    if ctx.rank < 2:
+    # Asked for N GPUs, the code uses a few (a forgotten torchrun / CUDA_VISIBLE_DEVICES).
+    p = _params("oversized_allocation", ctx, _draw_over)
+    if ctx.rank < p["used"]:
         return vision_train(ctx)
-    return idle_gpu(ctx)
+    return _idle_values(ctx, 0.5, 70.0)
+
+
+def _draw_fault(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    return {"rank": r.randrange(ctx.n_gpus), "at": r.uniform(120, 1500),
+            "kind": r.choice(["dbe", "row_remap", "nvlink", "contained_ecc"])}
 
 
 def hw_fault(ctx: GpuContext) -> dict[str, float]:
+    # A healthy training job on a GPU that develops a hardware fault (and keeps running:
+    # contained errors / link retraining, so the fault is the only finding).
     d = llm_pretrain(ctx)
-    if ctx.rank == 0 and ctx.t >= 120:
-        d["xid_last"] = 48.0
-        d["ecc_dbe_volatile"] = 2.0
-        d["row_remap_failure"] = 1.0
+    p = _params("hw_fault", ctx, _draw_fault)
+    if ctx.rank == p["rank"] and ctx.t >= p["at"]:
+        if p["kind"] == "dbe":
+            d["xid_last"], d["ecc_dbe_volatile"] = 48.0, 2.0
+        elif p["kind"] == "row_remap":
+            d["xid_last"], d["row_remap_failure"] = 64.0, 1.0
+        elif p["kind"] == "nvlink":
+            d["xid_last"] = 74.0
+            d["nvlink_error_count"] = float(100 + int((ctx.t - p["at"]) * 3))
+        else:
+            d["xid_last"], d["ecc_dbe_volatile"] = 94.0, 1.0
     return d
 
 
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in [
-        Profile("llm_pretrain", frozenset(), llm_pretrain, healthy=True, min_gpus=8),
+        Profile("llm_pretrain", frozenset(), llm_pretrain, healthy=True, min_gpus=8, max_gpus=32, multi_node=True),
         Profile("vision_train", frozenset(), vision_train, healthy=True),
-        Profile("batch_inference", frozenset(), batch_inference, healthy=True),
-        Profile("multinode_dp", frozenset(), multinode_dp, healthy=True, min_gpus=16, multi_node=True),
-        Profile("idle_gpu", frozenset({"idle_gpu"}), idle_gpu),
-        Profile("low_sm_activity", frozenset({"low_sm_activity"}), low_sm_activity),
-        Profile("no_tensor_cores", frozenset({"no_tensor_cores"}), no_tensor_cores),
-        Profile("input_stall", frozenset({"input_stall"}), input_stall),
-        Profile("comm_bound", frozenset({"comm_bound"}), comm_bound, min_gpus=16, multi_node=True),
-        Profile("straggler", frozenset({"straggler"}), straggler, min_gpus=8),
-        Profile("memory_underuse", frozenset({"memory_underuse"}), memory_underuse),
-        Profile("throttled", frozenset({"throttled"}), throttled),
-        Profile("oversized_allocation", frozenset({"oversized_allocation"}), oversized_allocation, min_gpus=8),
+        Profile("batch_inference", frozenset(), batch_inference, healthy=True, max_gpus=4),
+        Profile("multinode_dp", frozenset(), multinode_dp, healthy=True, min_gpus=16, multi_node=True, max_gpus=32),
+        Profile("hpc_fp64", frozenset(), hpc_fp64, healthy=True, max_gpus=4),
+        Profile("idle_gpu", frozenset({"idle_gpu"}), idle_gpu, max_gpus=4),
+        Profile("low_sm_activity", frozenset({"low_sm_activity"}), low_sm_activity, max_gpus=4),
+        Profile("no_tensor_cores", frozenset({"no_tensor_cores"}), no_tensor_cores, max_gpus=8),
+        Profile("input_stall", frozenset({"input_stall"}), input_stall, max_gpus=8),
+        Profile("comm_bound", frozenset({"comm_bound"}), comm_bound, min_gpus=16, multi_node=True, max_gpus=32),
+        Profile("straggler", frozenset({"straggler"}), straggler, min_gpus=8, multi_node=True, max_gpus=24),
+        Profile("memory_underuse", frozenset({"memory_underuse"}), memory_underuse, max_gpus=2),
+        Profile("throttled", frozenset({"throttled"}), throttled, max_gpus=8),
+        Profile("oversized_allocation", frozenset({"oversized_allocation"}), oversized_allocation, min_gpus=4),
         Profile("hw_fault", frozenset({"hw_fault"}), hw_fault, min_gpus=8),
     ]
 }
@@ -209,6 +443,10 @@ PROFILES: dict[str, Profile] = {
 def gpu_uuid(node: str, index: int) -> str:
     h = hashlib.sha1(f"{node}/{index}".encode()).hexdigest()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _job_seed(job_id: str) -> int:
+    return int(hashlib.sha1(job_id.encode()).hexdigest()[:12], 16)
 
 
 @dataclass(slots=True)
@@ -221,10 +459,15 @@ class SimJob:
     name: str = ""
     account: str = "research"
     partition: str = "gpu"
+    end_ts: float | None = None  # None: runs for as long as the simulator does
 
     @property
     def nodes(self) -> list[str]:
         return list(dict.fromkeys(n for n, _ in self.gpus))
+
+    @property
+    def seed(self) -> int:
+        return _job_seed(self.job_id)
 
     def info(self) -> JobInfo:
         return JobInfo(job_id=self.job_id, source="simulator", user=self.user, name=self.name or self.profile.name,
@@ -262,32 +505,49 @@ def place_jobs(nodes: list[str], gpus_per_node: int, seed: int, start_ts: float)
     rng = random.Random(seed)
     healthy = [p for p in PROFILES.values() if p.healthy]
     sick = [p for p in PROFILES.values() if not p.healthy]
+    small_healthy = [PROFILES["vision_train"], PROFILES["batch_inference"]]
     jobs: list[SimJob] = []
     users = ["alice", "bob", "chen", "dana", "eve", "farid", "gita", "hiro"]
     jid = 100000 + rng.randrange(1000)
     i = 0
     while i < len(nodes):
         p = rng.choice(healthy) if rng.random() < 0.6 else rng.choice(sick)
-        if p.multi_node and i + 1 < len(nodes):
-            n_nodes = 2
+        need_nodes = max(1, -(-p.min_gpus // gpus_per_node))
+        if p.multi_node and need_nodes >= 2 and i + need_nodes <= len(nodes):
+            n_nodes = need_nodes
             gpus = [(nodes[i + k], g) for k in range(n_nodes) for g in range(gpus_per_node)]
             i += n_nodes
         else:
             i += 1
             node = nodes[i - 1]
-            if p.min_gpus >= gpus_per_node:
+            if p.min_gpus >= gpus_per_node or (p.max_gpus >= gpus_per_node and p.min_gpus > 4):
                 gpus = [(node, g) for g in range(gpus_per_node)]
             else:
-                # Split the node between a 4-GPU job of this profile, a healthy 2-GPU job,
+                # Split the node between a job of this profile, a healthy 2-GPU job,
                 # and leave the rest unallocated.
-                gpus = [(node, g) for g in range(min(4, gpus_per_node))]
-                if gpus_per_node >= 6:
+                n = max(p.min_gpus, min(4, gpus_per_node, p.max_gpus))
+                gpus = [(node, g) for g in range(n)]
+                if gpus_per_node >= n + 2:
                     jid += 1
-                    jobs.append(SimJob(f"{jid}", rng.choice(healthy[1:3]), rng.choice(users),
-                                       start_ts - rng.uniform(60, 7200), [(node, 4), (node, 5)]))
+                    jobs.append(SimJob(f"{jid}", rng.choice(small_healthy), rng.choice(users),
+                                       start_ts - rng.uniform(60, 7200), [(node, n), (node, n + 1)]))
         jid += 1
         jobs.append(SimJob(f"{jid}", p, rng.choice(users), start_ts - rng.uniform(60, 7200), gpus))
     return jobs
+
+
+def sample_job(job: SimJob, now: float, rng: random.Random, *, interval_s: float = 1.0,
+               gpus_per_node: int = 8) -> list[dict[str, float]]:
+    """One sample per GPU of ``job`` (rank order) at time ``now``."""
+    nodes = job.nodes
+    out = []
+    seed = job.seed
+    for rank, (node, _) in enumerate(job.gpus):
+        ctx = GpuContext(t=max(0.0, now - job.start_ts), rank=rank, n_gpus=len(job.gpus),
+                         node_rank=nodes.index(node), n_nodes=len(nodes), rng=rng, job_seed=seed,
+                         interval_s=interval_s, gpus_per_node=gpus_per_node)
+        out.append(job.profile.fn(ctx))
+    return out
 
 
 class SimulatedSource:
@@ -296,10 +556,11 @@ class SimulatedSource:
     name = "simulator"
 
     def __init__(self, node: str, gpus_per_node: int, jobs: list[SimJob], seed: int = 0,
-                 model: str = H100) -> None:
+                 model: str = H100, interval_s: float = 1.0) -> None:
         self.node = node
         self.gpus_per_node = gpus_per_node
         self.model = model
+        self.interval_s = interval_s
         self._rng = random.Random(f"{seed}/{node}")
         self._jobs = [j for j in jobs if node in j.nodes]
         self._slot: dict[int, tuple[SimJob, int, int]] = {}  # gpu index -> (job, rank, node rank)
@@ -308,31 +569,37 @@ class SimulatedSource:
             for rank, (n, g) in enumerate(j.gpus):
                 if n == node:
                     self._slot[g] = (j, rank, nodes.index(n))
-        self._fired: set[str] = set()
+        self._fired: dict[str, float] = {}
         self._pending: list[Event] = []
 
     def devices(self) -> list[GpuInfo]:
         return [GpuInfo(index=i, uuid=gpu_uuid(self.node, i), model=self.model,
                         memory_total_bytes=float(H100_MEM)) for i in range(self.gpus_per_node)]
 
+    def _running(self, now: float) -> dict[int, tuple[SimJob, int, int]]:
+        return {i: s for i, s in self._slot.items()
+                if s[0].start_ts <= now and (s[0].end_ts is None or now < s[0].end_ts)}
+
     def read(self, now: float) -> list[GpuReading]:
         out = []
+        running = self._running(now)
         for i in range(self.gpus_per_node):
             uuid = gpu_uuid(self.node, i)
-            slot = self._slot.get(i)
+            slot = running.get(i)
             if slot is None:
                 ctx = GpuContext(t=now, rank=0, n_gpus=1, node_rank=0, n_nodes=1, rng=self._rng)
-                values = idle_gpu(ctx)
+                values = _idle_values(ctx, 0.0, 68.0)
                 values["fb_used_bytes"] = 0.0
-                values["power_w"] = _noise(self._rng, 68.0, 2.0, 50.0, 100.0)
             else:
                 job, rank, node_rank = slot
                 ctx = GpuContext(t=max(0.0, now - job.start_ts), rank=rank, n_gpus=len(job.gpus),
-                                 node_rank=node_rank, n_nodes=len(job.nodes), rng=self._rng)
+                                 node_rank=node_rank, n_nodes=len(job.nodes), rng=self._rng, job_seed=job.seed,
+                                 interval_s=self.interval_s, gpus_per_node=self.gpus_per_node)
                 values = job.profile.fn(ctx)
-                if values.get("xid_last") and uuid not in self._fired:
-                    self._fired.add(uuid)
-                    self._pending.append(Event(ts=now, kind="xid", gpu_uuid=uuid, code=int(values["xid_last"]),
+                xid = values.get("xid_last")
+                if xid and self._fired.get(uuid) != xid:
+                    self._fired[uuid] = xid
+                    self._pending.append(Event(ts=now, kind="xid", gpu_uuid=uuid, code=int(xid),
                                                message="simulated XID"))
             values["energy_j"] = now * 100.0 % 1e12
             out.append(GpuReading(uuid=uuid, values=values))
@@ -344,7 +611,7 @@ class SimulatedSource:
 
     def attribution(self, now: float) -> SourceAttribution:
         a = SourceAttribution()
-        for i, (job, _, _) in self._slot.items():
+        for i, (job, _, _) in self._running(now).items():
             a.jobs[job.job_id] = job.info()
             a.gpu_job[gpu_uuid(self.node, i)] = job.job_id
         return a
@@ -353,3 +620,37 @@ class SimulatedSource:
         pass
 
 
+# --- history generators (bench, tests, demos) ----------------------------------------------
+
+def make_job(profile: str | Profile, job_id: str, n_gpus: int, start_ts: float, duration_s: float, *,
+             gpus_per_node: int = 8, node_prefix: str = "hist", user: str = "alice") -> SimJob:
+    """A job of ``n_gpus`` packed onto nodes of ``gpus_per_node`` (its own nodes)."""
+    p = PROFILES[profile] if isinstance(profile, str) else profile
+    gpus = [(f"{node_prefix}-{job_id}-{r // gpus_per_node}", r % gpus_per_node) for r in range(n_gpus)]
+    return SimJob(job_id, p, user, start_ts, gpus, end_ts=start_ts + duration_s)
+
+
+def job_rows(job: SimJob, *, interval_s: float = 1.0, seed: int = 0, cluster: str | None = None,
+             gpus_per_node: int = 8) -> Iterator[dict[str, Any]]:
+    """The job's samples as NDJSON-shaped rows: {"ts", "node", "gpu", "job", "user",
+    "cluster", <catalog field>: value...}, in time order."""
+    rng = random.Random(f"{seed}/{job.job_id}")
+    end = job.end_ts if job.end_ts is not None else job.start_ts + 3600.0
+    steps = int((end - job.start_ts) / interval_s)
+    for s in range(1, steps + 1):
+        now = job.start_ts + s * interval_s
+        for (node, idx), values in zip(job.gpus, sample_job(job, now, rng, interval_s=interval_s,
+                                                             gpus_per_node=gpus_per_node), strict=True):
+            yield {"ts": round(now, 3), "node": node, "gpu": idx, "job": job.job_id, "user": job.user,
+                   "cluster": cluster, **values}
+
+
+def write_ndjson_history(out: IO[str], jobs: list[SimJob], *, interval_s: float = 1.0, seed: int = 0,
+                         cluster: str | None = None) -> int:
+    """Write the jobs' samples as NDJSON (the ``gpufleet import`` format). Returns lines written."""
+    n = 0
+    for job in jobs:
+        for row in job_rows(job, interval_s=interval_s, seed=seed, cluster=cluster):
+            out.write(json.dumps(row, separators=(",", ":")) + "\n")
+            n += 1
+    return n

@@ -1,5 +1,31 @@
-"""Placeholder router: filled in by its issue's work."""
+"""The REST API router (mounted by gpufleet.server): every /api/v1 read endpoint plus
+/healthz, /readyz and /metrics. Reads need a viewer token unless anonymous access is on."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI
+
+from . import routes_fleet, routes_jobs, routes_nodes, routes_ops
+from .deps import require_viewer
+from .metrics import metrics_for
+from .schemas import Message
 
 router = APIRouter()
+_viewer = [Depends(require_viewer)]
+_auth_errors: dict[int | str, dict[str, Any]] = {
+    401: {"model": Message, "description": "no, unknown or revoked token (and anonymous access is off)"},
+    403: {"model": Message, "description": "the token's role may not read (agent tokens only write)"},
+}
+for part in (routes_jobs, routes_nodes, routes_fleet):
+    router.include_router(part.router, dependencies=_viewer, responses=_auth_errors)
+router.include_router(routes_ops.router)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    metrics_for(app)  # create the per-app registry before the first scrape
+    yield

@@ -1,5 +1,114 @@
-"""Placeholder router: filled in by its issue's work."""
+"""The web dashboard, served by the same app: small HTML shells per page, one script and one
+stylesheet from api/static, and uPlot's built files served from the installed ``uplot-python``
+package (never copied into this repository).
 
-from fastapi import APIRouter
+Pages render client-side from the REST API. The script builds every node with
+``textContent``/attributes, never ``innerHTML``, so user-controlled strings (job names, users,
+labels) stay text; the only server-side values in the shells go through ``html.escape``."""
 
-router = APIRouter()
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, HTMLResponse, Response
+
+from gpufleet import __version__
+
+STATIC = Path(__file__).with_name("static")
+OWN_FILES = {"app.js": "text/javascript", "app.css": "text/css", "favicon.svg": "image/svg+xml"}
+UPLOT_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.iife.js": "text/javascript",
+               "uPlot.min.css": "text/css"}
+# Same-origin only: no inline script, no third-party hosts. uPlot sets inline styles.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+
+router = APIRouter(include_in_schema=False)
+
+
+def _uplot_dir() -> Path:
+    import uplot
+
+    return Path(uplot.__file__).with_name("static")
+
+
+def _uplot_js() -> str:
+    d = _uplot_dir()
+    return "uPlot.iife.min.js" if (d / "uPlot.iife.min.js").exists() else "uPlot.iife.js"
+
+
+def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTMLResponse:
+    settings = request.app.state.settings
+    cfg = {"page": page, "args": args, "grafana": bool(settings.grafana_url), "version": __version__}
+    nav = "".join(f'<a href="{href}"{" class=on" if key == page else ""}>{label}</a>'
+                  for key, href, label in (("fleet", "/", "Fleet"), ("jobs", "/jobs", "Jobs"),
+                                           ("flags", "/flags", "Flags")))
+    body = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)} · gpufleet</title>
+<link rel="icon" href="/favicon.ico" type="image/svg+xml">
+<link rel="stylesheet" href="/static/uplot/uPlot.min.css">
+<link rel="stylesheet" href="/static/app.css?v={__version__}">
+</head><body>
+<header><a class="brand" href="/">gpufleet</a><nav>{nav}</nav><span id="status" class="muted"></span></header>
+<main id="app" data-config="{html.escape(json.dumps(cfg), quote=True)}"><p class="muted">Loading…</p></main>
+<script src="/static/uplot/{_uplot_js()}"></script>
+<script src="/static/app.js?v={__version__}"></script>
+</body></html>"""
+    return HTMLResponse(body, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                                       "Cache-Control": "no-cache"})
+
+
+Name = Annotated[str, PathParam(max_length=255)]
+ClusterQ = Annotated[str, Query(max_length=128)]
+
+
+@router.get("/", response_class=HTMLResponse)
+def fleet_page(request: Request) -> HTMLResponse:
+    return _shell(request, "fleet", "Fleet", {})
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request) -> HTMLResponse:
+    return _shell(request, "jobs", "Jobs", {})
+
+
+@router.get("/flags", response_class=HTMLResponse)
+def flags_page(request: Request) -> HTMLResponse:
+    return _shell(request, "flags", "Flags", {})
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: Name, cluster: ClusterQ = "default") -> HTMLResponse:
+    return _shell(request, "job", f"Job {job_id}", {"job_id": job_id, "cluster": cluster})
+
+
+@router.get("/nodes/{name}", response_class=HTMLResponse)
+def node_page(request: Request, name: Name, cluster: ClusterQ = "default") -> HTMLResponse:
+    return _shell(request, "node", f"Node {name}", {"name": name, "cluster": cluster})
+
+
+@router.get("/favicon.ico")
+def favicon() -> FileResponse:
+    return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml",
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+
+@router.get("/static/uplot/{name}")
+def uplot_file(name: str) -> Response:
+    if name not in UPLOT_FILES or not (_uplot_dir() / name).exists():
+        raise HTTPException(404, "not found")
+    return FileResponse(_uplot_dir() / name, media_type=UPLOT_FILES[name],
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+
+@router.get("/static/{name}")
+def static_file(name: str) -> Response:
+    if name not in OWN_FILES:
+        raise HTTPException(404, "not found")
+    return FileResponse(STATIC / name, media_type=OWN_FILES[name], headers={"Cache-Control": "no-cache"})

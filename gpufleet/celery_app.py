@@ -23,8 +23,22 @@ def make_celery(broker_url: str | None = None) -> Celery:
         accept_content=["json"],
         timezone="UTC",
         broker_connection_retry_on_startup=True,
+        beat_schedule=beat_schedule(),
     )
     return app
+
+
+def beat_schedule() -> dict[str, dict[str, object]]:
+    """What ``gpufleet beat`` sends. Each message expires before the next tick, so a backlog
+    (workers down for an hour) is not replayed 60 times: the next run catches up anyway."""
+    every = float(os.environ.get("GPUFLEET_ANALYSIS_INTERVAL_S", "60"))
+    return {
+        "analyze-due-jobs": {
+            "task": "gpufleet.analysis.analyze_due_jobs",
+            "schedule": every,
+            "options": {"expires": max(1.0, every * 0.9)},
+        },
+    }
 
 
 app = make_celery()

@@ -128,6 +128,9 @@ gpu_samples = Table(
     *sample_columns(),
     Index("ix_gpu_samples_gpu_ts", "gpu_pk", "ts"),
     Index("ix_gpu_samples_job_ts", "job_pk", "ts"),
+    # PostgreSQL: daily range partitions on ts (storage/partitions.py creates them ahead and
+    # drops them for retention); SQLite ignores this.
+    postgresql_partition_by="RANGE (ts)",
 )
 
 
@@ -218,9 +221,11 @@ gpu_samples_1m = Table(
     Column("gpu_pk", Integer, nullable=False),
     Column("job_pk", Integer, nullable=True),
     Column("n", Integer, nullable=False),  # raw samples folded in
+    Column("last_ts", Double, nullable=False),  # newest raw ts folded in (decides `last` fields)
     *_rollup_columns(),
     UniqueConstraint("gpu_pk", "bucket", name="uq_gpu_samples_1m_gpu_bucket"),
     Index("ix_gpu_samples_1m_job_bucket", "job_pk", "bucket"),
+    postgresql_partition_by="RANGE (bucket)",
 )
 
 job_samples_1m = Table(
@@ -229,8 +234,10 @@ job_samples_1m = Table(
     Column("bucket", Double, nullable=False),
     Column("job_pk", Integer, nullable=False),
     Column("n", Integer, nullable=False),  # GPU-samples folded in (GPUs x seconds)
+    Column("last_ts", Double, nullable=False),
     *_rollup_columns(),
     UniqueConstraint("job_pk", "bucket", name="uq_job_samples_1m_job_bucket"),
+    postgresql_partition_by="RANGE (bucket)",
 )
 
 

@@ -108,7 +108,8 @@ class PgFactory:
         with psycopg.connect(self.admin_url, autocommit=True) as c:
             for name in reversed(self.created):
                 c.execute(
-                    "select pg_terminate_backend(pid) from pg_stat_activity where datname = %s and pid <> pg_backend_pid()",
+                    "select pg_terminate_backend(pid) from pg_stat_activity"
+                    " where datname = %s and pid <> pg_backend_pid()",
                     (name,),
                 )
                 c.execute(f'DROP DATABASE IF EXISTS "{name}"')

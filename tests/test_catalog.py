@@ -6,12 +6,13 @@ import pytest
 
 from gpufleet.catalog import CATALOG, parse_catalog
 
-REQUIRED = (
-    "gr_engine_active sm_active sm_occupancy tensor_active dram_active fp64_active fp32_active fp16_active gpu_util "
-    "mem_copy_util fb_used_bytes fb_total_bytes power_w energy_j temp_c sm_clock_mhz mem_clock_mhz "
-    "clock_event_reasons pcie_tx_bytes_s pcie_rx_bytes_s nvlink_tx_bytes_s nvlink_rx_bytes_s ib_tx_bytes_s "
-    "ib_rx_bytes_s xid_last ecc_dbe_volatile"
-).split()
+REQUIRED = [
+    "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp64_active",
+    "fp32_active", "fp16_active", "gpu_util", "mem_copy_util", "fb_used_bytes", "fb_total_bytes", "power_w",
+    "energy_j", "temp_c", "sm_clock_mhz", "mem_clock_mhz", "clock_event_reasons", "pcie_tx_bytes_s",
+    "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "ib_tx_bytes_s", "ib_rx_bytes_s",
+    "xid_last", "ecc_dbe_volatile",
+]
 
 
 def test_required_fields_present() -> None:

@@ -9,13 +9,12 @@ import math
 import re
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
+from gpufleet.storage.models import Cluster, gpu_samples_1m
 from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
-
-from gpufleet.storage.models import Cluster, gpu_samples_1m
 
 DEFAULT_CLUSTER = "default"
 # A GPU with no rollup newer than this is shown as "no data", not with stale numbers.
@@ -60,7 +59,7 @@ def parse_time(text: str | None, *, name: str) -> float | None:
         except ValueError:
             raise BadRequest(f"{name}={text!r}: use epoch seconds, ISO-8601 or -24h") from None
         if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=timezone.utc)
+            dt = dt.replace(tzinfo=UTC)
         return dt.timestamp()
     if not math.isfinite(v) or not 0 <= v < 1e11:
         raise BadRequest(f"{name}={text!r}: not a plausible epoch time")
@@ -104,7 +103,8 @@ def clean(v: Any, digits: int = 4) -> Any:
     return v
 
 
-def live_values(conn: Connection | Session, gpu_pks: Iterable[int], at: float | None = None) -> dict[int, dict[str, Any]]:
+def live_values(conn: Connection | Session, gpu_pks: Iterable[int],
+                at: float | None = None) -> dict[int, dict[str, Any]]:
     """The newest 1-minute rollup per GPU (within LIVE_WINDOW_S of ``at``).
 
     One correlated max() per GPU rides the (gpu_pk, bucket) unique index on both SQLite and
@@ -118,11 +118,11 @@ def live_values(conn: Connection | Session, gpu_pks: Iterable[int], at: float | 
     newest = (select(inner.c.bucket).where(inner.c.gpu_pk == t.c.gpu_pk, inner.c.bucket >= at - LIVE_WINDOW_S,
                                             inner.c.bucket <= at)
               .order_by(inner.c.bucket.desc()).limit(1).scalar_subquery())
-    cols = [t.c.gpu_pk, t.c.bucket, t.c.job_pk, *(t.c[f] for f in LIVE_FIELDS)]
+    cols = [t.c.gpu_pk, t.c.bucket, *(t.c[f] for f in LIVE_FIELDS)]
     out: dict[int, dict[str, Any]] = {}
     for i in range(0, len(pks), 900):  # stay under SQLite's bound-parameter limit
         chunk = pks[i:i + 900]
         q = select(*cols).where(t.c.gpu_pk.in_(chunk), t.c.bucket == newest)
         for r in conn.execute(q).mappings():
-            out[r["gpu_pk"]] = {k: clean(v) for k, v in r.items() if k != "gpu_pk"}
+            out[r["gpu_pk"]] = {k: clean(v) for k, v in r.items() if k not in ("gpu_pk", "job_pk")}
     return out

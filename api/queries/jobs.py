@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from sqlalchemy import and_, distinct, exists, func, or_, select
-
-from sqlalchemy.orm import Session
-
 from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobReport, Node, gpu_samples_1m, job_samples_1m
+from sqlalchemy import and_, distinct, exists, func, or_, select
+from sqlalchemy.orm import Session
 
 from .common import DEFAULT_CLUSTER, BadRequest, clean, decode_cursor, encode_cursor, live_values, now
 
@@ -72,10 +70,7 @@ def list_jobs(conn: Session, *, cluster: str | None = None, user: str | None = N
             q = q.where(or_(key < k, and_(key == k, Job.id < pk)))
         else:
             q = q.where(or_(key > k, and_(key == k, Job.id > pk)))
-    if order == "desc":
-        q = q.order_by(key.desc(), Job.id.desc())
-    else:
-        q = q.order_by(key.asc(), Job.id.asc())
+    q = q.order_by(key.desc(), Job.id.desc()) if order == "desc" else q.order_by(key.asc(), Job.id.asc())
     rows = conn.execute(q.limit(limit + 1)).all()
     more = len(rows) > limit
     rows = rows[:limit]

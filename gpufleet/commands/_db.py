@@ -9,7 +9,8 @@ def add_database_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--database-url", default=None,
                    help="SQLAlchemy URL (sqlite:///... or postgresql://...); default $GPUFLEET_DATABASE_URL, "
                         "else SQLite under --data-dir")
-    p.add_argument("--data-dir", default=None, help="directory for the embedded SQLite database (default ./gpufleet-data)")
+    p.add_argument("--data-dir", default=None,
+                   help="directory for the embedded SQLite database (default ./gpufleet-data)")
 
 
 def database_url(args: argparse.Namespace) -> str:

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run everything in one process (SQLite, simulated or local GPUs)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
-    p.add_argument("--data-dir", default="./gpufleet-data", help="SQLite database, agent spools (default ./gpufleet-data)")
+    p.add_argument("--data-dir", default="./gpufleet-data",
+                   help="SQLite database, agent spools (default ./gpufleet-data)")
     p.add_argument("--database-url", default=None, help="use this database instead of SQLite under --data-dir")
     p.add_argument("--simulate", type=int, default=None, metavar="NODES",
                    help="simulate NODES nodes (default: sample local GPUs via NVML, else simulate 16)")

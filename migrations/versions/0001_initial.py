@@ -130,6 +130,9 @@ def upgrade() -> None:
         sa.Column("gpu_pk", sa.Integer, nullable=False),
         sa.Column("job_pk", sa.Integer),
         *[sa.Column(name, _type(dtype)) for name, dtype in SAMPLE_FIELDS],
+        # PostgreSQL: declarative range partitions by day on ts, created ahead by the
+        # collector (gpufleet.storage.partitions); retention drops whole partitions.
+        postgresql_partition_by="RANGE (ts)",
     )
     op.create_index("ix_gpu_samples_gpu_ts", "gpu_samples", ["gpu_pk", "ts"])
     op.create_index("ix_gpu_samples_job_ts", "gpu_samples", ["job_pk", "ts"])

@@ -1,0 +1,225 @@
+"""Raw samples -> per-GPU, per-minute features (pure numpy).
+
+Everything the heuristics judge is computed from these (G GPUs x M minutes) matrices, so a
+running job is analyzed incrementally: minutes already folded in are kept, only the newest
+minutes are recomputed. Minute buckets are ``floor(ts / 60)``, the same as the storage
+rollups (``gpu_samples_1m.bucket``), so "aligned windows" are aligned across GPUs and nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Raw columns the features need (catalog names).
+RAW_FIELDS: tuple[str, ...] = (
+    "sm_active", "sm_occupancy", "tensor_active", "dram_active", "gpu_util", "fp32_active", "fp64_active",
+    "power_w", "sm_clock_mhz", "clock_event_reasons", "fb_used_bytes", "fb_total_bytes",
+    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "ib_tx_bytes_s", "ib_rx_bytes_s",
+    "xid_last", "ecc_dbe_volatile", "row_remap_failure", "nvlink_error_count", "pcie_replay_count",
+)
+
+# Per-minute means of these raw columns (feature name -> column).
+MEAN_OF = {
+    "sm": "sm_active", "occ": "sm_occupancy", "tensor": "tensor_active", "dram": "dram_active",
+    "gpu_util": "gpu_util", "fp32": "fp32_active", "fp64": "fp64_active", "power": "power_w",
+    "clock": "sm_clock_mhz", "nvl_tx": "nvlink_tx_bytes_s", "nvl_rx": "nvlink_rx_bytes_s",
+    "ib_tx": "ib_tx_bytes_s", "ib_rx": "ib_rx_bytes_s",
+}
+MAX_OF = {
+    "fb_used_max": "fb_used_bytes", "fb_total": "fb_total_bytes", "xid_max": "xid_last",
+    "ecc_max": "ecc_dbe_volatile", "remap_max": "row_remap_failure", "nvl_err_max": "nvlink_error_count",
+    "replay_max": "pcie_replay_count",
+}
+MIN_OF = {"ecc_min": "ecc_dbe_volatile", "nvl_err_min": "nvlink_error_count", "replay_min": "pcie_replay_count"}
+# Features only raw samples give (the 1-minute rollups cannot): NaN for rollup-filled minutes.
+BUSY_FEATURES = ("busy_frac", "trans", "busy_sm", "clock_busy", "throttle_frac")
+
+HIST_FIELDS = {"sm_active": "sm", "sm_occupancy": "occ", "tensor_active": "tensor", "dram_active": "dram"}
+HIST_BINS = 100  # ratios in 0.01 steps: p50/p95 exact to a percentage point
+
+ALL_FEATURES: tuple[str, ...] = (*MEAN_OF, *MAX_OF, *MIN_OF, *BUSY_FEATURES, "xid_crit", "nb")
+
+
+@dataclass
+class MinuteFeatures:
+    """Features of G GPUs over minutes ``b0 .. b0 + M - 1`` (minute = floor(ts / 60)).
+    ``n[g, m]`` is the number of samples folded in (0 = no data; features are NaN there)."""
+
+    b0: int
+    n: np.ndarray  # (G, M) float64
+    f: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (G, M) float64
+    interval_s: float = 1.0  # median sample spacing seen (for coverage)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n.shape  # type: ignore[return-value]
+
+    @classmethod
+    def empty(cls, n_gpus: int, b0: int = 0) -> MinuteFeatures:
+        return cls(b0=b0, n=np.zeros((n_gpus, 0)), f={k: np.full((n_gpus, 0), np.nan) for k in ALL_FEATURES})
+
+    def before(self, bucket: int) -> MinuteFeatures:
+        """The minutes strictly before ``bucket``."""
+        m = max(0, min(self.shape[1], bucket - self.b0))
+        return MinuteFeatures(self.b0, self.n[:, :m], {k: v[:, :m] for k, v in self.f.items()}, self.interval_s)
+
+    def extend(self, other: MinuteFeatures) -> MinuteFeatures:
+        """Append ``other`` (whose minutes start at or after ours end), padding any gap."""
+        g = self.shape[0]
+        if self.shape[1] == 0:
+            return other
+        if other.shape[1] == 0:
+            return self
+        gap = other.b0 - (self.b0 + self.shape[1])
+        if gap < 0:
+            raise ValueError("extend: minutes overlap; cut with before() first")
+        pad_n = np.zeros((g, gap))
+        pad = np.full((g, gap), np.nan)
+        n = np.concatenate([self.n, pad_n, other.n], axis=1)
+        f = {k: np.concatenate([self.f[k], pad, other.f[k]], axis=1) for k in self.f}
+        interval = other.interval_s if other.n.sum() >= self.n.sum() else self.interval_s
+        return MinuteFeatures(self.b0, n, f, interval)
+
+
+def _segment_sum(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    return np.add.reduceat(x, starts) if len(x) else np.zeros(0)
+
+
+def minute_features(
+    ts: np.ndarray,
+    gpu: np.ndarray,
+    cols: dict[str, np.ndarray],
+    n_gpus: int,
+    *,
+    busy_sm_active: float = 0.10,
+    throttle_mask: int = 0xEC,
+    critical_xids: tuple[int, ...] = (),
+    b0: int | None = None,
+) -> MinuteFeatures:
+    """Fold raw samples (``ts``, row-aligned ``gpu`` index 0..G-1 and catalog columns; NaN =
+    missing) into per-minute features. Rows may come in any order."""
+    ts = np.asarray(ts, dtype=np.float64)
+    gpu = np.asarray(gpu, dtype=np.int64)
+    if len(ts) == 0:
+        return MinuteFeatures.empty(n_gpus, b0 or 0)
+    bucket = np.floor(ts / 60.0).astype(np.int64)
+    lo = int(bucket.min()) if b0 is None else b0
+    m_total = int(bucket.max()) - lo + 1
+    key = gpu * m_total + (bucket - lo)
+    order = None
+    if len(key) > 1 and (np.any(np.diff(key) < 0) or np.any((np.diff(ts) < 0) & (np.diff(key) == 0))):
+        order = np.lexsort((ts, key))
+        key, ts = key[order], ts[order]
+
+    def col(name: str) -> np.ndarray:
+        c = cols.get(name)
+        if c is None:
+            return np.full(len(key), np.nan)
+        c = np.asarray(c, dtype=np.float64)
+        return c[order] if order is not None else c
+
+    new = np.empty(len(key), dtype=bool)
+    new[0] = True
+    np.not_equal(key[1:], key[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    cells = key[starts]
+    gi, mi = cells // m_total, cells % m_total
+
+    def place(values: np.ndarray) -> np.ndarray:
+        out = np.full((n_gpus, m_total), np.nan)
+        out[gi, mi] = values
+        return out
+
+    counts = np.diff(np.append(starts, len(key))).astype(np.float64)
+    out: dict[str, np.ndarray] = {}
+    for feat, name in MEAN_OF.items():
+        x = col(name)
+        ok = ~np.isnan(x)
+        s = _segment_sum(np.where(ok, x, 0.0), starts)
+        c = _segment_sum(ok.astype(np.float64), starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[feat] = place(np.where(c > 0, s / np.maximum(c, 1), np.nan))
+    for feat, name in MAX_OF.items():
+        x = col(name)
+        out[feat] = place(np.fmax.reduceat(x, starts))
+    for feat, name in MIN_OF.items():
+        x = col(name)
+        out[feat] = place(np.fmin.reduceat(x, starts))
+
+    sm = col("sm_active")
+    sm_ok = ~np.isnan(sm)
+    busy = sm_ok & (sm >= busy_sm_active)
+    nb = _segment_sum(busy.astype(np.float64), starts)
+    nsm = _segment_sum(sm_ok.astype(np.float64), starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["busy_frac"] = place(np.where(nsm > 0, nb / np.maximum(nsm, 1), np.nan))
+        # busy<->idle switches inside the minute (the alternation input stalls leave)
+        sw = np.zeros(len(key))
+        sw[1:] = ((busy[1:] != busy[:-1]) & ~new[1:]).astype(np.float64)
+        out["trans"] = place(np.where(nsm > 1, _segment_sum(sw, starts), np.nan))
+        out["busy_sm"] = place(np.where(nb > 0, _segment_sum(np.where(busy, sm, 0.0), starts) / np.maximum(nb, 1),
+                                        np.nan))
+        clk = col("sm_clock_mhz")
+        cb = busy & ~np.isnan(clk)
+        ncb = _segment_sum(cb.astype(np.float64), starts)
+        out["clock_busy"] = place(np.where(ncb > 0, _segment_sum(np.where(cb, clk, 0.0), starts) / np.maximum(ncb, 1),
+                                           np.nan))
+        reasons = col("clock_event_reasons")
+        rok = busy & ~np.isnan(reasons)
+        thr = rok & ((np.where(rok, reasons, 0).astype(np.int64) & throttle_mask) != 0)
+        nrb = _segment_sum(rok.astype(np.float64), starts)
+        nthr = _segment_sum(thr.astype(np.float64), starts)
+        out["throttle_frac"] = place(np.where(nrb > 0, nthr / np.maximum(nrb, 1), np.nan))
+    xid = col("xid_last")
+    crit = np.where(np.isin(np.nan_to_num(xid).astype(np.int64), np.asarray(critical_xids, dtype=np.int64)), xid, 0.0)
+    out["xid_crit"] = place(np.fmax.reduceat(crit, starts))
+    out["nb"] = place(nb)
+
+    n = np.zeros((n_gpus, m_total))
+    n[gi, mi] = counts
+    # Median spacing of consecutive samples of the same GPU: the agent's interval.
+    dts = np.diff(ts)[~new[1:]] if len(ts) > 1 else np.zeros(0)
+    dts = dts[dts > 0]
+    interval = float(np.median(dts)) if len(dts) else 1.0
+    return MinuteFeatures(b0=lo, n=n, f=out, interval_s=interval)
+
+
+def histograms(cols: dict[str, np.ndarray], mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Counts of each ratio field in 0.01 bins (mergeable: running jobs add new rows)."""
+    out: dict[str, np.ndarray] = {}
+    for name in HIST_FIELDS:
+        x = cols.get(name)
+        if x is None:
+            out[name] = np.zeros(HIST_BINS, dtype=np.int64)
+            continue
+        x = np.asarray(x, dtype=np.float64)
+        if mask is not None:
+            x = x[mask]
+        x = x[~np.isnan(x)]
+        idx = np.clip((x * HIST_BINS).astype(np.int64), 0, HIST_BINS - 1)
+        out[name] = np.bincount(idx, minlength=HIST_BINS).astype(np.int64)
+    return out
+
+
+def empty_histograms() -> dict[str, np.ndarray]:
+    return {name: np.zeros(HIST_BINS, dtype=np.int64) for name in HIST_FIELDS}
+
+
+def add_histograms(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: a[k] + b[k] for k in a}
+
+
+def hist_quantile(h: np.ndarray, q: float) -> float | None:
+    """Quantile from 0.01-wide bins, interpolated inside the bin."""
+    total = float(h.sum())
+    if total <= 0:
+        return None
+    cum = np.cumsum(h)
+    target = q * total
+    i = int(np.searchsorted(cum, target, side="left"))
+    i = min(i, len(h) - 1)
+    before = float(cum[i - 1]) if i > 0 else 0.0
+    inside = float(h[i]) or 1.0
+    return round((i + (target - before) / inside) / HIST_BINS, 4)

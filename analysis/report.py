@@ -1,0 +1,162 @@
+"""One job's features -> its efficiency report and flag findings (pure numpy; the entry point
+the DB runner, the bench and the tests call)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpufleet.catalog import CATALOG
+
+from .config import Thresholds, load_thresholds
+from .features import HIST_FIELDS, MinuteFeatures, hist_quantile
+from .heuristics import Detector as _Detector
+from .heuristics import Finding, JobContext, faults
+from .windows import build_windows
+
+MFU_BASIS = "tensor_active x peak dense bf16 (estimate)"
+REPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    job_id: str
+    start_ts: float | None  # scheduler's start (None: first sample)
+    end_ts: float | None  # None while running
+    running: bool
+    gpu_uuids: list[str]
+    gpu_nodes: list[str]
+    gpu_indexes: list[int]
+    model: str | None
+
+
+@dataclass
+class JobAnalysis:
+    report: dict[str, Any]
+    findings: list[Finding]
+    goodput_score: float | None
+    allocated_gpu_hours: float
+    wasted_gpu_hours: float
+
+
+def _r(x: Any, nd: int = 4) -> float | None:
+    if x is None:
+        return None
+    v = float(x)
+    return round(v, nd) if np.isfinite(v) else None
+
+
+def _weighted_mean(x: np.ndarray, n: np.ndarray) -> float | None:
+    ok = ~np.isnan(x) & (n > 0)
+    w = n[ok].sum()
+    return float((x[ok] * n[ok]).sum() / w) if w > 0 else None
+
+
+def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *,
+            th: Thresholds | None = None, events: list[tuple[float, int | None, str, int | None]] | None = None,
+            first_ts: float | None = None, last_ts: float | None = None) -> JobAnalysis:
+    """The report and findings for one job. ``first_ts``/``last_ts``: its first and last
+    sample (default: the edges of the minutes with data)."""
+    th = th or load_thresholds()
+    g = len(meta.gpu_uuids)
+    has = np.flatnonzero(feats.n.sum(axis=0) > 0) if feats.n.size else np.zeros(0, dtype=int)
+    if first_ts is None:
+        first_ts = float((feats.b0 + has[0]) * 60) if len(has) else (meta.start_ts or 0.0)
+    if last_ts is None:
+        last_ts = float((feats.b0 + has[-1] + 1) * 60) if len(has) else first_ts
+    start = meta.start_ts if meta.start_ts is not None else first_ts
+    end = meta.end_ts if (meta.end_ts is not None and not meta.running) else last_ts
+    end = max(end, start)
+    allocated = g * (end - start) / 3600.0
+    model = CATALOG.gpu_model(meta.model) if meta.model else None
+    ctx = JobContext(meta.gpu_uuids, meta.gpu_nodes, meta.model, th.model(meta.model), first_ts, last_ts)
+
+    findings: list[Finding] = []
+    w = None
+    if feats.n.size and feats.n.sum() > 0:
+        w = build_windows(feats, float(th.general("window_s")), float(th.general("min_window_coverage")))
+        det = _Detector(w, ctx, th)
+        findings = det.run()
+        findings += faults(ctx, feats.b0, feats.f, th, events)
+        idle = det.idle
+    # Ended jobs: nothing is going on any more.
+    for fd in findings:
+        fd.ongoing = fd.ongoing and meta.running
+
+    n = feats.n
+    stats: dict[str, dict[str, float | None]] = {}
+    for name, feat in HIST_FIELDS.items():
+        h = hist.get(name)
+        stats[name] = {"mean": _r(_weighted_mean(feats.f[feat], n)) if n.size else None,
+                       "p50": hist_quantile(h, 0.5) if h is not None else None,
+                       "p95": hist_quantile(h, 0.95) if h is not None else None}
+
+    # Active GPU-hours: the allocated time scaled by the share of observed GPU time not idle.
+    active_share = None
+    wasted_by: dict[str, float] = {}
+    wasted_total = 0.0
+    score = None
+    if w is not None:
+        valid_obs = float(w.obs_s[w.valid].sum())
+        if valid_obs > 0:
+            active_share = float(w.obs_s[w.valid & ~idle].sum()) / valid_obs
+        claim = np.zeros_like(w.obs_s)
+        for fd in findings:
+            if fd.claim.size:
+                claim = np.maximum(claim, fd.claim)
+            wasted_by[fd.kind] = round(wasted_by.get(fd.kind, 0.0) + fd.wasted_gpu_hours, 4)
+        wasted_total = float((claim * w.obs_s).sum() / 3600.0)
+        # Score: useful share of observed GPU time. SM activity below the DCGM "effective"
+        # target counts against it even unflagged; flagged waste caps it; no double counting.
+        target = float(th.general("target_sm_active"))
+        eff = np.minimum(1.0, np.nan_to_num(w.f["sm"]) / target)
+        useful = np.minimum(eff, 1.0 - claim)
+        if valid_obs > 0:
+            score = round(100.0 * float((useful * w.obs_s)[w.valid].sum()) / valid_obs, 1)
+    tensor_mean = stats["tensor_active"]["mean"]
+    peak = model.peak_tensor_tflops if model else None
+    achieved = _r(tensor_mean * peak * g, 1) if (peak and tensor_mean is not None) else None
+    mfu = {"estimate": _r(tensor_mean), "achieved_tflops": achieved,
+           "peak_tflops": _r(peak * g, 1) if peak else None, "peak_tflops_per_gpu": peak, "basis": MFU_BASIS}
+
+    per_gpu = []
+    for i in range(g):
+        ni = n[i] if n.size else np.zeros(0)
+
+        def m(feat: str, i: int = i, ni: np.ndarray = ni) -> float | None:
+            return _r(_weighted_mean(feats.f[feat][i], ni), 4) if ni.size else None
+
+        clock = m("clock_busy")
+        fb = feats.f["fb_used_max"][i] if n.size else np.zeros(0)
+        per_gpu.append({
+            "gpu_uuid": meta.gpu_uuids[i], "node": meta.gpu_nodes[i], "index": meta.gpu_indexes[i],
+            "sm_active_mean": m("sm"), "tensor_active_mean": m("tensor"), "dram_active_mean": m("dram"),
+            "sm_occupancy_mean": m("occ"), "power_w_mean": _r(m("power"), 1),
+            "sm_clock_mhz_mean": _r(clock, 1) if clock is not None else _r(m("clock"), 1),
+            "fb_used_bytes_max": _r(np.nanmax(fb), 0) if fb.size and np.any(~np.isnan(fb)) else None,
+            "samples": int(ni.sum()) if ni.size else 0,
+        })
+
+    active_hours = allocated * active_share if active_share is not None else 0.0
+    report = {
+        "version": REPORT_VERSION,
+        "job_id": meta.job_id,
+        "window": {"start": _r(start, 3), "end": _r(end, 3)},
+        "samples_window": {"first": _r(first_ts, 3), "last": _r(last_ts, 3)},
+        "n_gpus": g,
+        "gpu_model": meta.model,
+        "allocated_gpu_hours": _r(allocated),
+        "active_gpu_hours": _r(active_hours),
+        "goodput_score": score,
+        "stats": stats,
+        "mfu": mfu,
+        "wasted_gpu_hours": wasted_by,
+        "wasted_gpu_hours_total": _r(wasted_total),
+        "flags": [{"kind": f.kind, "scope": f.scope, "severity": f.severity, "open": f.ongoing,
+                   "wasted_gpu_hours": f.wasted_gpu_hours} for f in findings],
+        "per_gpu": per_gpu,
+        "sample_interval_s": _r(feats.interval_s, 3),
+    }
+    return JobAnalysis(report, findings, score, round(allocated, 4), round(wasted_total, 4))

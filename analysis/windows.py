@@ -1,0 +1,153 @@
+"""Per-minute features -> per-window (G x K) views, and episode finding (pure numpy).
+
+Every condition is judged per aligned window (``window_s``, default 5 min) so one noisy
+minute never decides, and a flag needs an episode of consecutive windows at least
+``min_duration_s`` long, so short blips never flag."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .features import MinuteFeatures
+
+
+@dataclass
+class Windows:
+    """Window views of one job's features. Shapes: (G, K) unless noted."""
+
+    w_min: int  # minutes per window
+    b0: int  # first minute
+    k: int  # number of windows
+    obs_s: np.ndarray  # observed GPU-seconds per GPU-window
+    valid: np.ndarray  # enough coverage to judge
+    f: dict[str, np.ndarray]
+
+    def t0(self, k: int) -> float:
+        return float((self.b0 + k * self.w_min) * 60)
+
+    def t1(self, k: int) -> float:
+        return float((self.b0 + (k + 1) * self.w_min) * 60)
+
+
+def _reshape(x: np.ndarray, w: int, fill: float) -> np.ndarray:
+    g, m = x.shape
+    k = -(-m // w) if m else 0
+    pad = k * w - m
+    if pad:
+        x = np.concatenate([x, np.full((g, pad), fill)], axis=1)
+    return x.reshape(g, k, w)
+
+
+def wmean(x: np.ndarray, weight: np.ndarray, w: int) -> np.ndarray:
+    ok = ~np.isnan(x) & (weight > 0)
+    xs = _reshape(np.where(ok, x * weight, 0.0), w, 0.0).sum(axis=2)
+    ws = _reshape(np.where(ok, weight, 0.0), w, 0.0).sum(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ws > 0, xs / np.where(ws > 0, ws, 1.0), np.nan)
+
+
+def wmax(x: np.ndarray, w: int) -> np.ndarray:
+    return np.fmax.reduce(_reshape(x, w, np.nan), axis=2)
+
+
+def wsum(x: np.ndarray, w: int) -> np.ndarray:
+    return _reshape(np.nan_to_num(x), w, 0.0).sum(axis=2)
+
+
+def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -> Windows:
+    w = max(1, round(window_s / 60))
+    n = feats.n
+    f = feats.f
+    nb = np.nan_to_num(f["nb"])
+    out: dict[str, np.ndarray] = {}
+    for name in ("sm", "occ", "tensor", "dram", "gpu_util", "fp32", "fp64", "power", "clock",
+                 "nvl_tx", "nvl_rx", "ib_tx", "ib_rx", "busy_frac"):
+        out[name] = wmean(f[name], n, w)
+    for name in ("busy_sm", "clock_busy", "throttle_frac"):
+        out[name] = wmean(f[name], nb, w)
+    # Transitions per minute, over the minutes that had raw samples to count them in.
+    trans_minutes = wsum((~np.isnan(f["trans"])).astype(np.float64), w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["trans_rate"] = np.where(trans_minutes > 0, wsum(f["trans"], w) / np.maximum(trans_minutes, 1), np.nan)
+    out["fb_used_max"] = wmax(f["fb_used_max"], w)
+    out["fb_total"] = wmax(f["fb_total"], w)
+    obs = np.minimum(wsum(n, w) * feats.interval_s, w * 60.0)
+    valid = obs >= min_coverage * w * 60.0
+    return Windows(w_min=w, b0=feats.b0, k=obs.shape[1], obs_s=obs, valid=valid, f=out)
+
+
+def masked_median(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Median over GPUs (axis 0) of the masked entries; NaN where none."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(np.where(mask, x, np.nan), axis=0) if x.shape[0] else np.full(x.shape[1], np.nan)
+
+
+def share(cond: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Share of the masked GPUs meeting ``cond`` per window (0 where none are masked)."""
+    den = mask.sum(axis=0)
+    return np.where(den > 0, (cond & mask).sum(axis=0) / np.maximum(den, 1), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    k0: int  # first window
+    k1: int  # one past the last window
+    windows: int  # valid windows inside
+
+
+def episodes(mask: np.ndarray, valid: np.ndarray) -> list[Episode]:
+    """Runs of ``mask`` over the valid windows; invalid (uncovered) windows neither break
+    nor extend a run, so a gap in the data does not split an episode."""
+    idx = np.flatnonzero(valid)
+    out: list[Episode] = []
+    start = None
+    count = 0
+    last = -1
+    for k in idx:
+        if mask[k]:
+            if start is None:
+                start, count = int(k), 0
+            count += 1
+            last = int(k)
+        elif start is not None:
+            out.append(Episode(start, last + 1, count))
+            start = None
+    if start is not None:
+        out.append(Episode(start, last + 1, count))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    episodes: list[Episode]
+    ongoing: bool  # the last qualifying episode reaches the last valid window
+    flagged_s: float
+    judged_s: float
+
+
+def detect(mask: np.ndarray, valid_k: np.ndarray, window_s: float, cfg: dict) -> Detection | None:
+    """A flag when episodes of at least ``min_duration_s`` cover ``min_fraction`` of the judged
+    time, or one such episode is still going on and has lasted twice the minimum."""
+    eps = [e for e in episodes(mask, valid_k) if e.windows * window_s >= float(cfg["min_duration_s"])]
+    if not eps:
+        return None
+    judged = float(valid_k.sum()) * window_s
+    flagged = sum(e.windows for e in eps) * window_s
+    last_valid = int(np.flatnonzero(valid_k)[-1])
+    ongoing = eps[-1].k1 == last_valid + 1
+    frac_ok = judged > 0 and flagged / judged >= float(cfg.get("min_fraction", 0.0))
+    long_ongoing = ongoing and eps[-1].windows * window_s >= 2 * float(cfg["min_duration_s"])
+    if not (frac_ok or long_ongoing):
+        return None
+    return Detection(eps, ongoing, flagged, judged)
+
+
+def episode_mask(det: Detection, k: int) -> np.ndarray:
+    m = np.zeros(k, dtype=bool)
+    for e in det.episodes:
+        m[e.k0:e.k1] = True
+    return m

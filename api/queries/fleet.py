@@ -1,0 +1,126 @@
+"""Fleet summary (activity, wasted GPU-hours by cause, top wasting jobs and users) and flags."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobReport, Node, gpu_samples_1m
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from .common import BadRequest, clean, decode_cursor, encode_cursor, live_values, now
+from .jobs import flag_dict
+
+TOP_N = 10
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def fleet_summary(session: Session, *, window_s: float, cluster: str | None = None) -> dict[str, Any]:
+    t_end = now()
+    since = t_end - window_s
+    node_conds = [Cluster.name == cluster] if cluster else []
+    gpu_q = (select(Gpu.id).join(Node, Node.id == Gpu.node_id).join(Cluster, Cluster.id == Node.cluster_id)
+             .where(*node_conds))
+    gpu_pks = list(session.execute(gpu_q).scalars())
+    n_nodes = session.execute(select(func.count(Node.id)).join(Cluster, Cluster.id == Node.cluster_id)
+                              .where(*node_conds)).scalar_one()
+    live = live_values(session, gpu_pks, t_end)
+    busy = session.execute(select(func.count(func.distinct(Allocation.gpu_pk)))
+                           .where(Allocation.end_ts.is_(None), Allocation.gpu_pk.in_(gpu_q.scalar_subquery()))
+                           ).scalar_one()
+
+    def mean(key: str) -> float | None:
+        vals = [v[key] for v in live.values() if v.get(key) is not None]
+        return clean(sum(vals) / len(vals)) if vals else None
+
+    # Window activity: one pass over the window's GPU-minutes (the rollup, never raw samples).
+    t = gpu_samples_1m
+    wq = select(func.avg(t.c.sm_active), func.avg(t.c.tensor_active), func.count()).where(t.c.bucket >= since)
+    if cluster:
+        wq = wq.where(t.c.gpu_pk.in_(gpu_q.scalar_subquery()))
+    w_sm, w_tensor, w_minutes = session.execute(wq).one()
+
+    # Waste by cause: each flag's GPU-hours, pro-rated to the part of it inside the window.
+    fq = (select(Flag.kind, Flag.start_ts, Flag.end_ts, Flag.wasted_gpu_hours, Flag.open, Flag.severity,
+                 Job.user, Job.job_id, Cluster.name.label("cluster"))
+          .join(Job, Job.id == Flag.job_pk).join(Cluster, Cluster.id == Job.cluster_id)
+          .where(or_(Flag.open.is_(True), Flag.end_ts >= since)))
+    if cluster:
+        fq = fq.where(Cluster.name == cluster)
+    by_cause: dict[str, float] = defaultdict(float)
+    open_by_sev: dict[str, int] = defaultdict(int)
+    for f in session.execute(fq):
+        span = f.end_ts - f.start_ts
+        part = 1.0 if span <= 0 else _overlap(f.start_ts, f.end_ts, since, t_end) / span
+        by_cause[f.kind] += (f.wasted_gpu_hours or 0.0) * part
+        if f.open:
+            open_by_sev[f.severity] += 1
+
+    jq = (select(Job.job_id, Job.user, Job.name, Job.state, Cluster.name.label("cluster"), JobReport.wasted_gpu_hours,
+                 JobReport.allocated_gpu_hours, JobReport.goodput_score)
+          .join(JobReport, JobReport.job_pk == Job.id).join(Cluster, Cluster.id == Job.cluster_id)
+          .where(or_(Job.end_ts.is_(None), Job.end_ts >= since)))
+    if cluster:
+        jq = jq.where(Cluster.name == cluster)
+    top_jobs = [{"cluster": r.cluster, "job_id": r.job_id, "user": r.user, "name": r.name, "state": r.state,
+                 "wasted_gpu_hours": clean(r.wasted_gpu_hours), "allocated_gpu_hours": clean(r.allocated_gpu_hours),
+                 "goodput_score": clean(r.goodput_score)}
+                for r in session.execute(jq.order_by(JobReport.wasted_gpu_hours.desc()).limit(TOP_N))]
+    uq = (select(Job.user, func.sum(JobReport.wasted_gpu_hours).label("wasted"),
+                 func.sum(JobReport.allocated_gpu_hours).label("allocated"), func.count().label("jobs"))
+          .join(JobReport, JobReport.job_pk == Job.id).join(Cluster, Cluster.id == Job.cluster_id)
+          .where(or_(Job.end_ts.is_(None), Job.end_ts >= since)).group_by(Job.user))
+    if cluster:
+        uq = uq.where(Cluster.name == cluster)
+    top_users = [{"user": r.user, "wasted_gpu_hours": clean(r.wasted), "allocated_gpu_hours": clean(r.allocated),
+                  "jobs": int(r.jobs)}
+                 for r in session.execute(uq.order_by(func.sum(JobReport.wasted_gpu_hours).desc()).limit(TOP_N))]
+    return {
+        "window_s": window_s, "start": since, "end": t_end,
+        "nodes": int(n_nodes), "gpus": len(gpu_pks), "gpus_reporting": len(live), "gpus_allocated": int(busy),
+        "current": {"sm_active": mean("sm_active"), "tensor_active": mean("tensor_active"),
+                    "dram_active": mean("dram_active"), "power_w": mean("power_w")},
+        "window": {"sm_active": clean(w_sm), "tensor_active": clean(w_tensor),
+                   "gpu_hours": clean((w_minutes or 0) / 60)},
+        "wasted_gpu_hours": {k: clean(v) for k, v in sorted(by_cause.items(), key=lambda kv: -kv[1])},
+        "wasted_gpu_hours_total": clean(sum(by_cause.values())),
+        "open_flags": dict(open_by_sev),
+        "top_jobs": top_jobs,
+        "top_users": top_users,
+    }
+
+
+def list_flags(session: Session, *, open_: bool | None, kind: str | None, severity: str | None,
+               cluster: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
+    conds: list[Any] = []
+    if open_ is not None:
+        conds.append(Flag.open.is_(open_))
+    if kind:
+        conds.append(Flag.kind == kind)
+    if severity:
+        conds.append(Flag.severity == severity)
+    if cluster:
+        conds.append(Cluster.name == cluster)
+    base = (select(Flag, Job.job_id, Job.user, Job.name.label("job_name"), Cluster.name.label("cluster"))
+            .join(Job, Job.id == Flag.job_pk).join(Cluster, Cluster.id == Job.cluster_id).where(*conds))
+    total = session.execute(select(func.count()).select_from(base.with_only_columns(Flag.id).subquery())).scalar_one()
+    after = decode_cursor(cursor, 2)
+    if after is not None:
+        w, fid = after
+        if not isinstance(w, (int, float)) or not isinstance(fid, int):
+            raise BadRequest("cursor is not one this API issued")
+        base = base.where(or_(Flag.wasted_gpu_hours < w, and_(Flag.wasted_gpu_hours == w, Flag.id < fid)))
+    rows = session.execute(base.order_by(Flag.wasted_gpu_hours.desc(), Flag.id.desc()).limit(limit + 1)).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    data = [{**flag_dict(r.Flag), "cluster": r.cluster, "job_id": r.job_id, "user": r.user, "job_name": r.job_name}
+            for r in rows]
+    nxt = encode_cursor([rows[-1].Flag.wasted_gpu_hours, rows[-1].Flag.id]) if more and rows else None
+    return {"data": data, "count": total, "next_cursor": nxt}
+
+
+__all__ = ["fleet_summary", "list_flags", "live_values"]

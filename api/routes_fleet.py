@@ -1,0 +1,40 @@
+"""/api/v1/fleet/summary, /api/v1/flags and /api/v1/catalog."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+
+from gpufleet.catalog import CATALOG
+
+from .metrics import TimedRoute
+from .queries.common import parse_duration
+from .queries.fleet import fleet_summary, list_flags
+from .routes_common import ClusterFilter, Cursor, SessionDep
+from .routes_jobs import FlagKind
+from .schemas import FlagsPublic, FleetSummary, Message
+
+router = APIRouter(prefix="/api/v1", tags=["fleet"], route_class=TimedRoute,
+                   responses={400: {"model": Message, "description": "an argument is invalid (detail says which)"}})
+
+
+@router.get("/fleet/summary", response_model=FleetSummary,
+            summary="Fleet activity, wasted GPU-hours by cause, top wasting jobs and users")
+def read_fleet_summary(session: SessionDep, cluster: ClusterFilter = None,
+                       window: Annotated[str, Query(max_length=16, pattern=r"^\s*\d+(\.\d+)?\s*[smhdw]?\s*$",
+                                                    description="duration: 30m, 24h, 7d (max 90d)")] = "24h") -> Any:
+    return fleet_summary(session, window_s=parse_duration(window), cluster=cluster)
+
+
+@router.get("/flags", response_model=FlagsPublic, summary="Goodput flags, most wasteful first")
+def read_flags(session: SessionDep, open: bool | None = None, kind: FlagKind | None = None,
+               severity: Literal["info", "warning", "critical"] | None = None, cluster: ClusterFilter = None,
+               limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: Cursor = None) -> Any:
+    return list_flags(session, open_=open, kind=kind, severity=severity, cluster=cluster, limit=limit, cursor=cursor)
+
+
+@router.get("/catalog", summary="The metric catalog: every per-GPU field with unit and description")
+def read_catalog() -> dict[str, Any]:
+    return {"data": [{"name": f.name, "unit": f.unit, "min": f.min, "max": f.max, "rollup": f.rollup,
+                      "description": f.description} for f in CATALOG.fields], "count": len(CATALOG.fields)}

@@ -1,0 +1,465 @@
+/* gpufleet dashboard. Plain script, no build step; charts by uPlot (served from the
+ * installed uplot-python package). Every string from the API goes into the DOM as a text
+ * node or an attribute value, never through innerHTML, so a job named <script>..</script>
+ * stays text. Each page sets window.__gpufleet.ready when it has drawn its data (tests and
+ * the render benchmark wait on it). */
+"use strict";
+(() => {
+  const root = document.getElementById("app");
+  const cfg = JSON.parse(root.dataset.config);
+  const T0 = performance.now();
+  const state = (window.__gpufleet = { ready: false, renderMs: null, charts: {}, errors: [] });
+  const REFRESH_MS = 15000;
+  const FLAG_KINDS = ["idle_gpu", "low_sm_activity", "no_tensor_cores", "input_stall", "comm_bound", "straggler",
+    "memory_underuse", "throttled", "oversized_allocation", "hw_fault"];
+
+  // ---- DOM helpers -------------------------------------------------------------------
+  function h(tag, attrs, ...kids) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "style") Object.assign(el.style, v);
+      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    append(el, kids);
+    return el;
+  }
+  function append(el, kids) {
+    for (const k of kids.flat(Infinity)) {
+      if (k === null || k === undefined || k === false) continue;
+      el.append(k instanceof Node ? k : document.createTextNode(String(k)));
+    }
+    return el;
+  }
+  const clear = (el) => { while (el.firstChild) el.removeChild(el.firstChild); return el; };
+  const fill = (el, ...kids) => append(clear(el), kids);
+  const enc = encodeURIComponent;
+  const qs = (o) => Object.entries(o).filter(([, v]) => v !== null && v !== undefined && v !== "")
+    .map(([k, v]) => `${enc(k)}=${enc(v)}`).join("&");
+
+  // ---- formatting --------------------------------------------------------------------
+  const dash = "–";
+  const pct = (v) => (v === null || v === undefined ? dash : `${(v * 100).toFixed(0)}%`);
+  const num = (v, d = 1) => (v === null || v === undefined ? dash : Number(v).toFixed(d));
+  const gh = (v) => (v === null || v === undefined ? dash : v >= 100 ? v.toFixed(0) : v.toFixed(1));
+  const gib = (v) => (v === null || v === undefined ? dash : `${(v / 2 ** 30).toFixed(1)} GiB`);
+  const rate = (v) => {
+    if (v === null || v === undefined) return dash;
+    const u = ["B/s", "KB/s", "MB/s", "GB/s", "TB/s"]; let i = 0; let x = Math.abs(v);
+    while (x >= 1000 && i < u.length - 1) { x /= 1000; i++; }
+    return `${(Math.sign(v) * x).toFixed(x < 10 ? 1 : 0)} ${u[i]}`;
+  };
+  const pad = (n) => String(n).padStart(2, "0");
+  function when(ts) {
+    if (!ts) return dash;
+    const d = new Date(ts * 1000);
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  }
+  function dur(s) {
+    if (s === null || s === undefined || s < 0) return dash;
+    const d = Math.floor(s / 86400), hh = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
+    return d ? `${d}d ${hh}h` : hh ? `${hh}h ${pad(m)}m` : `${m}m`;
+  }
+  const now = () => Date.now() / 1000;
+  // SM activity -> red (idle) .. amber .. green (busy); grey = no data
+  function heat(v) {
+    if (v === null || v === undefined) return "#30363d";
+    const x = Math.max(0, Math.min(1, v));
+    const hue = x < 0.5 ? x * 2 * 45 : 45 + (x - 0.5) * 2 * 75;
+    return `hsl(${hue.toFixed(0)} ${x < 0.5 ? 70 : 60}% ${x < 0.5 ? 45 : 40}%)`;
+  }
+  const jobHref = (cluster, id) => `/jobs/${enc(id)}?${qs({ cluster })}`;
+  const nodeHref = (cluster, name) => `/nodes/${enc(name)}?${qs({ cluster })}`;
+
+  async function api(path) {
+    const r = await fetch(path, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+    if (!r.ok) {
+      let detail = `${r.status} ${r.statusText}`;
+      try { const j = await r.json(); if (j.detail) detail = typeof j.detail === "string" ? j.detail : JSON.stringify(j.detail); } catch { /* not JSON */ }
+      const e = new Error(detail); e.status = r.status; throw e;
+    }
+    return r.json();
+  }
+  const status = (t) => { document.getElementById("status").textContent = t; };
+  function done() {
+    if (!state.ready) { state.renderMs = performance.now() - T0; state.ready = true; document.body.dataset.ready = "1"; }
+  }
+  function fail(err) {
+    state.errors.push(String(err.message || err));
+    fill(root, h("p", { class: "error" }, `Could not load: ${err.message || err}`));
+    done();
+  }
+  const kpi = (label, value, title) => h("div", { class: "kpi", title }, h("div", { class: "v" }, value), h("div", { class: "l" }, label));
+  const chip = (f) => h("span", { class: `chip ${f.severity}${f.open === false ? " closed" : ""}`, title: `${f.severity}${f.open === false ? " (resolved)" : ""}` }, f.kind);
+  function table(cols, rows, opts = {}) {
+    const head = h("tr", {}, cols.map((c) => {
+      const th = h("th", { class: [c.n ? "n" : "", c.sort ? "sortable" : "", c.sort && opts.sort === c.sort ? `sorted ${opts.order === "asc" ? "asc" : ""}` : ""].join(" "), title: c.title }, c.label);
+      if (c.sort && opts.onSort) th.addEventListener("click", () => opts.onSort(c.sort));
+      return th;
+    }));
+    const body = rows.map((r) => h("tr", {}, cols.map((c) => h("td", { class: [c.n ? "n" : "", c.wrap ? "wrap" : ""].join(" ") }, c.get(r)))));
+    return h("table", { class: opts.class }, h("thead", {}, head), h("tbody", {}, body));
+  }
+  function every(ms, fn) {
+    // bounded live refresh: skipped while the tab is hidden, one request at a time
+    let busy = false;
+    setInterval(async () => {
+      if (document.hidden || busy) return;
+      busy = true;
+      try { await fn(); status(`updated ${new Date().toLocaleTimeString()}`); } catch (e) { status(`update failed: ${e.message}`); } finally { busy = false; }
+    }, ms);
+  }
+
+  // ---- Fleet ---------------------------------------------------------------------------
+  async function fleetPage() {
+    const kpis = h("div", { class: "kpis" });
+    const waste = h("div", { class: "bars" });
+    const grid = h("div", { class: "grid", id: "gpu-grid" });
+    const gridNote = h("span", { class: "muted" });
+    const flagsBox = h("div");
+    const topJobs = h("div");
+    const topUsers = h("div");
+    fill(root, 
+      h("h1", {}, "Fleet"), kpis,
+      h("div", { class: "cols" },
+        h("section", {}, h("h2", {}, "GPU-hours wasted, last 24 h, by cause"), waste),
+        h("section", {}, h("h2", {}, "Top wasting users (24 h)"), topUsers)),
+      h("h2", {}, "GPUs by node, colored by SM activity (newest minute)"),
+      h("div", { class: "legend" }, "idle", h("span", { class: "ramp" }), "busy",
+        h("span", { class: "cell", style: { marginLeft: "12px" } }), "no data",
+        h("span", { class: "cell free", style: { marginLeft: "12px", background: "transparent" } }), "unallocated", gridNote),
+      grid,
+      h("div", { class: "cols" },
+        h("section", {}, h("h2", {}, "Open flags"), flagsBox),
+        h("section", {}, h("h2", {}, "Top wasting jobs (24 h)"), topJobs)));
+
+    async function loadSummary() {
+      const s = await api("/api/v1/fleet/summary?window=24h");
+      fill(kpis, 
+        kpi("SM active now", pct(s.current.sm_active), "mean over reporting GPUs, newest minute"),
+        kpi("Tensor active now", pct(s.current.tensor_active)),
+        kpi("SM active 24 h", pct(s.window.sm_active)),
+        kpi("Tensor active 24 h", pct(s.window.tensor_active)),
+        kpi("GPUs reporting", `${s.gpus_reporting} / ${s.gpus}`, `${s.nodes} nodes`),
+        kpi("GPUs allocated", `${s.gpus_allocated}`),
+        kpi("Wasted GPU-h 24 h", gh(s.wasted_gpu_hours_total)),
+        kpi("Open flags", `${Object.values(s.open_flags).reduce((a, b) => a + b, 0)}`,
+          Object.entries(s.open_flags).map(([k, v]) => `${k}: ${v}`).join(", ")));
+      const causes = Object.entries(s.wasted_gpu_hours);
+      const max = Math.max(1e-9, ...causes.map(([, v]) => v || 0));
+      fill(waste, causes.length ? causes.map(([k, v]) => h("div", { class: "bar" }, h("span", {}, k),
+        h("div", { class: "track" }, h("div", { class: "fill", style: { width: `${((v || 0) / max) * 100}%` } })),
+        h("span", { class: "n" }, gh(v)))) : h("p", { class: "muted" }, "No waste flagged in the last 24 h."));
+      fill(topJobs, s.top_jobs.length ? table([
+        { label: "Job", get: (j) => h("a", { href: jobHref(j.cluster, j.job_id) }, j.job_id) },
+        { label: "Name", get: (j) => h("span", { class: "trunc" }, j.name ?? "") },
+        { label: "User", get: (j) => j.user ?? dash },
+        { label: "Wasted GPU-h", n: true, get: (j) => gh(j.wasted_gpu_hours) },
+        { label: "Score", n: true, get: (j) => pct(j.goodput_score) },
+      ], s.top_jobs) : h("p", { class: "muted" }, "No analysed jobs yet."));
+      fill(topUsers, s.top_users.length ? table([
+        { label: "User", get: (u) => h("a", { href: `/jobs?${qs({ user: u.user ?? "", sort: "waste" })}` }, u.user ?? dash) },
+        { label: "Jobs", n: true, get: (u) => u.jobs },
+        { label: "Allocated GPU-h", n: true, get: (u) => gh(u.allocated_gpu_hours) },
+        { label: "Wasted GPU-h", n: true, get: (u) => gh(u.wasted_gpu_hours) },
+      ], s.top_users) : h("p", { class: "muted" }, "No analysed jobs yet."));
+    }
+
+    async function loadGrid() {
+      const nodes = [];
+      let cursor = null;
+      for (let page = 0; page < 10; page++) {  // at most 20,000 nodes
+        const r = await api(`/api/v1/nodes?${qs({ limit: 2000, cursor })}`);
+        nodes.push(...r.data);
+        cursor = r.next_cursor;
+        if (!cursor) break;
+      }
+      const frag = document.createDocumentFragment();
+      let n = 0;
+      for (const node of nodes) {
+        const cells = node.gpus.map((g) => {
+          n++;
+          const c = g.current;
+          const tip = [`${node.name} GPU ${g.index}`, g.model, c ? `SM ${pct(c.sm_active)} · tensor ${pct(c.tensor_active)} · ${num(c.power_w, 0)} W` : "no data in 5 min",
+            g.job ? `job ${g.job.job_id} (${g.job.user ?? "?"})${g.job.name ? ` ${g.job.name}` : ""}` : "not allocated"].filter(Boolean).join("\n");
+          return h("a", { class: `cell${g.job ? "" : " free"}`, href: g.job ? jobHref(g.job.cluster, g.job.job_id) : nodeHref(node.cluster, node.name),
+            title: tip, "data-sm": c && c.sm_active !== null ? c.sm_active : "", style: { background: heat(c ? c.sm_active : null) } });
+        });
+        frag.append(h("div", { class: `node${node.stale ? " stale" : ""}` },
+          h("a", { class: "nn", href: nodeHref(node.cluster, node.name), title: node.name }, node.name),
+          h("div", { class: "cells" }, cells)));
+      }
+      fill(grid, frag);
+      gridNote.textContent = ` · ${nodes.length} nodes, ${n} GPUs`;
+      if (!nodes.length) grid.append(h("p", { class: "muted" }, "No nodes yet: start an agent (gpufleet agent --simulate)."));
+    }
+
+    async function loadFlags() {
+      const f = await api("/api/v1/flags?open=true&limit=15");
+      fill(flagsBox, f.data.length ? table([
+        { label: "Flag", get: (x) => chip(x) },
+        { label: "Job", get: (x) => h("a", { href: jobHref(x.cluster, x.job_id) }, x.job_id) },
+        { label: "User", get: (x) => x.user ?? dash },
+        { label: "Wasted GPU-h", n: true, get: (x) => gh(x.wasted_gpu_hours) },
+        { label: "Suggestion", wrap: true, get: (x) => x.suggestion },
+      ], f.data) : h("p", { class: "muted" }, "No open flags."),
+      f.count > f.data.length ? h("p", {}, h("a", { href: "/flags" }, `all ${f.count} open flags →`)) : null);
+    }
+
+    await Promise.all([loadSummary(), loadGrid(), loadFlags()]);
+    done();
+    every(REFRESH_MS, () => Promise.all([loadSummary(), loadGrid(), loadFlags()]));
+  }
+
+  // ---- Jobs ----------------------------------------------------------------------------
+  async function jobsPage() {
+    const p = new URLSearchParams(location.search);
+    const f = { cluster: p.get("cluster") || "", user: p.get("user") || "", state: p.get("state") || "",
+      flag: p.get("flag") || "", since: p.get("since") || "", sort: p.get("sort") || "start", order: p.get("order") || "desc" };
+    const out = h("div");
+    const count = h("span", { class: "muted", id: "job-count" });
+    const input = (name, ph) => h("label", {}, name, h("input", { name, value: f[name], placeholder: ph, size: 12,
+      onchange: (e) => { f[name] = e.target.value.trim(); reload(); } }));
+    const select = (name, label, options) => h("label", {}, label, h("select", { name, onchange: (e) => { f[name] = e.target.value; reload(); } },
+      options.map(([v, t]) => h("option", { value: v, selected: f[name] === v }, t))));
+    fill(root, h("h1", {}, "Jobs ", count),
+      h("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); reload(); } },
+        input("user", "any user"), input("cluster", "all clusters"),
+        select("state", "State", [["", "any"], ["running", "running"], ["ended", "ended"]]),
+        select("flag", "Flag", [["", "any"], ...FLAG_KINDS.map((k) => [k, k])]),
+        select("since", "Active in", [["", "any time"], ["-1h", "last hour"], ["-24h", "last 24 h"], ["-7d", "last 7 days"]]),
+        select("sort", "Sort", [["start", "start time"], ["waste", "wasted GPU-h"], ["gpus", "GPUs"]]),
+        select("order", "Order", [["desc", "desc"], ["asc", "asc"]])),
+      out);
+
+    let cursor = null;
+    let rows = [];
+    const cols = () => [
+      { label: "Job", get: (j) => h("a", { href: jobHref(j.cluster, j.job_id) }, j.job_id) },
+      { label: "Name", get: (j) => h("span", { class: "trunc", title: j.name ?? "" }, j.name ?? "") },
+      { label: "User", get: (j) => j.user ?? dash },
+      { label: "Cluster", get: (j) => j.cluster },
+      { label: "State", get: (j) => h("span", { class: `state-${j.state}` }, j.state) },
+      { label: "GPUs", n: true, sort: "gpus", get: (j) => j.n_gpus },
+      { label: "Start", sort: "start", get: (j) => when(j.start_ts) },
+      { label: "Duration", n: true, get: (j) => dur((j.end_ts || now()) - (j.start_ts || now())) },
+      { label: "SM", n: true, title: "mean sm_active (report)", get: (j) => pct(j.sm_active_mean) },
+      { label: "Tensor", n: true, get: (j) => pct(j.tensor_active_mean) },
+      { label: "Wasted GPU-h", n: true, sort: "waste", get: (j) => gh(j.wasted_gpu_hours) },
+      { label: "Score", n: true, title: "goodput score 0..1", get: (j) => pct(j.goodput_score) },
+      { label: "Flags", get: (j) => j.flags.map(chip) },
+    ];
+    function draw(more) {
+      fill(out, rows.length ? table(cols(), rows, { sort: f.sort, order: f.order, class: "jobs",
+        onSort: (k) => { if (f.sort === k) f.order = f.order === "desc" ? "asc" : "desc"; else { f.sort = k; f.order = "desc"; } syncForm(); reload(); } })
+        : h("p", { class: "muted" }, "No jobs match these filters."),
+      more ? h("button", { class: "more", onclick: () => load(true) }, "Load more") : null);
+    }
+    function syncForm() {
+      for (const el of root.querySelectorAll(".filters select, .filters input")) el.value = f[el.name];
+    }
+    async function load(append) {
+      const r = await api(`/api/v1/jobs?${qs({ ...f, limit: 100, cursor: append ? cursor : null })}`);
+      rows = append ? rows.concat(r.data) : r.data;
+      cursor = r.next_cursor;
+      count.textContent = `${r.count} match`;
+      draw(!!cursor);
+    }
+    async function reload() {
+      history.replaceState(null, "", `/jobs?${qs(f)}`);
+      try { await load(false); } catch (e) { fill(out, h("p", { class: "error" }, e.message)); }
+      state.reloads = (state.reloads || 0) + 1;
+    }
+    await load(false);
+    done();
+  }
+
+  // ---- Job -----------------------------------------------------------------------------
+  const GPU_CHARTS = [
+    { field: "sm_active", title: "SM active", ratio: true },
+    { field: "tensor_active", title: "Tensor active", ratio: true },
+    { field: "dram_active", title: "DRAM active", ratio: true },
+    { field: "power_w", title: "Power", unit: "W" },
+    { field: "sm_clock_mhz", title: "SM clock", unit: "MHz" },
+  ];
+  const LINK_FIELDS = [["nvlink_tx_bytes_s", "NVLink tx", "#58a6ff"], ["nvlink_rx_bytes_s", "NVLink rx", "#1f6feb"],
+    ["pcie_tx_bytes_s", "PCIe tx", "#3fb950"], ["pcie_rx_bytes_s", "PCIe rx", "#238636"],
+    ["ib_tx_bytes_s", "IB tx", "#d29922"], ["ib_rx_bytes_s", "IB rx", "#9e6a03"]];
+  const axisStyle = { stroke: "#8b949e", grid: { stroke: "#21262d", width: 1 }, ticks: { stroke: "#30363d", width: 1 } };
+  const gpuColor = (i, n) => `hsla(${Math.round((i * 360) / Math.max(1, n)) % 360}, 65%, 60%, ${n > 16 ? 0.35 : 0.6})`;
+
+  function chartBox(title) {
+    const readout = h("span", { class: "rd" });
+    const plotEl = h("div");
+    const box = h("div", { class: "chart" }, h("div", { class: "ct" }, h("b", {}, title), readout), plotEl);
+    return { box, plotEl, readout };
+  }
+  function width(el) { return Math.max(300, (el.getBoundingClientRect().width || 560) - 12); }
+  function makeChart(spec, box, t, lines, fmtv) {
+    const series = [{}];
+    for (const l of lines) series.push({ label: l.label, stroke: l.color, width: l.width || 1, points: { show: false }, spanGaps: false });
+    const opts = {
+      width: width(box.box), height: 170,
+      legend: { show: false }, cursor: { points: { show: false }, sync: { key: "job" }, drag: { x: true, y: false } },
+      scales: { x: { time: true }, y: spec.ratio ? { range: [0, 1] } : { auto: true } },
+      axes: [{ ...axisStyle }, { ...axisStyle, size: 56, values: (u, vals) => vals.map(fmtv) }],
+      series,
+      hooks: { setCursor: [(u) => {
+        const i = u.cursor.idx;
+        if (i === null || i === undefined) { box.readout.textContent = ""; return; }
+        const agg = u.data[u.data.length - 1][i];
+        let lo = Infinity, hi = -Infinity;
+        for (let s = 1; s < u.data.length - 1; s++) { const v = u.data[s][i]; if (v !== null && v !== undefined) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }
+        box.readout.textContent = `${when(u.data[0][i])}  job ${fmtv(agg)}` + (hi >= lo ? `  GPUs ${fmtv(lo)}…${fmtv(hi)}` : "");
+      }] },
+    };
+    const data = [t, ...lines.map((l) => l.values)];
+    const plot = new uPlot(opts, data, box.plotEl);
+    let pts = 0;
+    for (const l of lines) for (const v of l.values) if (v !== null) pts++;
+    state.charts[spec.field] = pts;
+    return plot;
+  }
+
+  async function jobPage() {
+    const { job_id: jobId, cluster } = cfg.args;
+    const base = `/api/v1/jobs/${enc(jobId)}`;
+    let j;
+    try { j = await api(`${base}?${qs({ cluster })}`); } catch (e) { return fail(e); }
+    const s = j.summary;
+    const header = h("div", {},
+      h("h1", {}, `Job ${j.job_id}`, j.name ? h("span", { class: "muted" }, ` · ${j.name}`) : null),
+      h("div", { class: "meta" },
+        h("span", {}, "user ", h("b", {}, j.user ?? dash)), h("span", {}, "cluster ", h("b", {}, j.cluster)),
+        j.account ? h("span", {}, "account ", h("b", {}, j.account)) : null,
+        j.partition ? h("span", {}, "partition ", h("b", {}, j.partition)) : null,
+        j.namespace ? h("span", {}, "namespace ", h("b", {}, j.namespace)) : null,
+        h("span", {}, "state ", h("b", { class: `state-${j.state}` }, j.state)),
+        h("span", {}, "start ", h("b", {}, when(j.start_ts))),
+        h("span", {}, "duration ", h("b", {}, dur((j.end_ts || now()) - (j.start_ts || now())))),
+        h("span", {}, `${j.n_gpus} GPUs on ${j.nodes.length} node${j.nodes.length === 1 ? "" : "s"}`),
+        j.links.grafana ? h("a", { href: j.links.grafana, target: "_blank", rel: "noopener", id: "grafana-link" }, "Grafana drilldown ↗") : null,
+        " ", h("a", { href: `${base}?${qs({ cluster, format: "csv" })}`, id: "csv-link" }, "per-GPU CSV")),
+      Object.keys(j.labels || {}).length ? h("div", { class: "meta" }, "labels ",
+        Object.entries(j.labels).map(([k, v]) => h("span", { class: "chip" }, `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`))) : null);
+    const kp = h("div", { class: "kpis" },
+      kpi("Goodput score", pct(s.goodput_score), s.source === "live" ? "no report yet" : ""),
+      kpi("Allocated GPU-h", gh(s.allocated_gpu_hours)),
+      kpi("Wasted GPU-h", gh(s.wasted_gpu_hours)),
+      kpi("SM active", pct(s.sm_active_mean)), kpi("Tensor active", pct(s.tensor_active_mean)),
+      kpi("DRAM active", pct(s.dram_active_mean)), kpi("MFU (est.)", pct(s.mfu_estimate), "tensor_active x peak dense TFLOP/s"),
+      kpi("Power", s.power_w_mean === null || s.power_w_mean === undefined ? dash : `${num(s.power_w_mean, 0)} W`));
+    const flagsEl = h("div", { class: "flags", id: "flags" }, j.flags.length ? j.flags.map((f) => h("div", { class: `flag ${f.severity}` },
+      h("div", {}, h("span", { class: "k" }, f.kind), " ", chip(f), f.scope ? h("span", { class: "muted" }, ` on ${f.scope}`) : null,
+        h("span", { class: "muted", style: { float: "right" } }, `${gh(f.wasted_gpu_hours)} GPU-h${f.open ? "" : " · resolved"}`)),
+      h("div", { class: "s" }, f.suggestion),
+      h("table", {}, h("tbody", {}, Object.entries(f.evidence || {}).map(([k, v]) => h("tr", {}, h("td", { class: "muted" }, k),
+        h("td", {}, typeof v === "number" ? (Math.abs(v) < 10 ? v.toFixed(3) : v.toFixed(1)) : typeof v === "string" ? v : JSON.stringify(v)))))),
+    )) : h("p", { class: "muted" }, s.source === "live" ? "Not analysed yet; no flags." : "No flags: this job uses its GPUs well."));
+    const charts = h("div", { class: "charts", id: "charts" });
+    const perGpu = h("div");
+    fill(root, header, kp, h("h2", {}, "Flags"), flagsEl, h("h2", {}, "Per GPU and job aggregate (bold)"), charts,
+      h("h2", {}, "Per-GPU report"), perGpu);
+
+    const current = new Map(j.gpus.map((g) => [g.uuid, g.current]));
+    perGpu.append(table([
+      { label: "Node", get: (g) => h("a", { href: nodeHref(j.cluster, g.node ?? "") }, g.node ?? dash) },
+      { label: "GPU", n: true, get: (g) => g.index ?? dash },
+      { label: "UUID", get: (g) => h("span", { class: "trunc muted", title: g.gpu_uuid }, g.gpu_uuid) },
+      { label: "SM", n: true, get: (g) => pct(g.sm_active_mean) },
+      { label: "Tensor", n: true, get: (g) => pct(g.tensor_active_mean) },
+      { label: "DRAM", n: true, get: (g) => pct(g.dram_active_mean) },
+      { label: "Power", n: true, get: (g) => (g.power_w_mean === null || g.power_w_mean === undefined ? dash : `${num(g.power_w_mean, 0)} W`) },
+      { label: "SM clock", n: true, get: (g) => (g.sm_clock_mhz_mean === null || g.sm_clock_mhz_mean === undefined ? dash : `${num(g.sm_clock_mhz_mean, 0)} MHz`) },
+      { label: "Memory max", n: true, get: (g) => gib(g.fb_used_bytes_max) },
+      { label: "SM now", n: true, get: (g) => { const c = current.get(g.gpu_uuid); return c ? pct(c.sm_active) : dash; } },
+    ], j.per_gpu, { class: "pergpu" }));
+
+    const boxes = GPU_CHARTS.map((c) => ({ spec: c, ...chartBox(`${c.title}${c.unit ? ` (${c.unit})` : ""}`) }));
+    const linkBox = { spec: { field: "interconnect", title: "NVLink / PCIe / IB" }, ...chartBox("NVLink / PCIe / IB (job mean per GPU)") };
+    for (const b of [...boxes, linkBox]) charts.append(b.box);
+    const [ts, links] = await Promise.all([
+      api(`${base}/timeseries?${qs({ cluster, fields: GPU_CHARTS.map((c) => c.field).join(",") })}`),
+      api(`${base}/timeseries?${qs({ cluster, gpu: "none", fields: LINK_FIELDS.map((l) => l[0]).join(",") })}`),
+    ]);
+    const n = ts.gpus.length;
+    for (const b of boxes) {
+      const fmtv = b.spec.ratio ? (v) => pct(v) : (v) => num(v, 0);
+      const lines = ts.series[b.spec.field].map((vals, i) => ({ label: `${ts.gpus[i].node}/${ts.gpus[i].index}`, color: gpuColor(i, n), values: vals }));
+      lines.push({ label: "job", color: "#e6edf3", width: 2, values: ts.aggregate[b.spec.field] });
+      makeChart(b.spec, b, ts.t, lines, fmtv);
+    }
+    makeChart(linkBox.spec, linkBox, links.t, LINK_FIELDS.map(([f, label, color]) => ({ label, color, width: 1.5, values: links.aggregate[f] })), rate);
+    state.step = ts.step;
+    done();
+  }
+
+  // ---- Node ----------------------------------------------------------------------------
+  async function nodePage() {
+    const { name, cluster } = cfg.args;
+    let n;
+    try { n = await api(`/api/v1/nodes/${enc(name)}?${qs({ cluster })}`); } catch (e) { return fail(e); }
+    const thr = (g) => g.throttle;
+    fill(root, 
+      h("h1", {}, `Node ${n.name}`),
+      h("div", { class: "meta" }, h("span", {}, "cluster ", h("b", {}, n.cluster)), h("span", {}, "agent ", h("b", {}, n.agent_version ?? dash)),
+        h("span", {}, "last seen ", h("b", {}, when(n.last_seen))), h("span", {}, `${n.gpus.length} GPUs`),
+        Object.entries(n.labels || {}).map(([k, v]) => h("span", { class: "chip" }, `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`))),
+      h("h2", {}, "GPUs"),
+      table([
+        { label: "GPU", n: true, get: (g) => g.index },
+        { label: "Model", get: (g) => g.model ?? dash },
+        { label: "UUID", get: (g) => h("span", { class: "trunc muted", title: g.uuid }, g.uuid) },
+        { label: "Job", get: (g) => (g.job ? h("a", { href: jobHref(g.job.cluster, g.job.job_id) }, g.job.job_id) : dash) },
+        { label: "User", get: (g) => g.job?.user ?? dash },
+        { label: "SM now", n: true, get: (g) => pct(g.current?.sm_active) },
+        { label: "Tensor now", n: true, get: (g) => pct(g.current?.tensor_active) },
+        { label: "Power", n: true, get: (g) => (g.current ? `${num(g.current.power_w, 0)} W` : dash) },
+        { label: "Temp", n: true, get: (g) => (g.current ? `${num(g.current.temp_c, 0)} °C` : dash) },
+        { label: "SM clock", n: true, get: (g) => (g.current ? `${num(g.current.sm_clock_mhz, 0)} MHz` : dash) },
+        { label: "Clock reasons now", get: (g) => (g.current?.clock_event_reasons || []).map((r) => h("span", { class: "chip" }, r)) },
+        { label: "Throttled 24 h", n: true, title: "minutes slowed by power/thermal/HW reasons", get: (g) => (thr(g) ? `${pct(thr(g).throttled_fraction)} (${thr(g).throttled_minutes} min)` : dash) },
+        { label: "Max temp 24 h", n: true, get: (g) => (thr(g) ? `${num(thr(g).temp_c_max, 0)} °C` : dash) },
+      ], n.gpus, { class: "gpus" }),
+      h("h2", {}, "XID / ECC / health events (7 days)"),
+      n.events.length ? table([
+        { label: "Time", get: (e) => when(e.ts) }, { label: "Kind", get: (e) => e.kind }, { label: "Code", n: true, get: (e) => e.code ?? dash },
+        { label: "GPU", n: true, get: (e) => e.gpu_index ?? dash }, { label: "Message", wrap: true, get: (e) => e.message },
+      ], n.events, { class: "events" }) : h("p", { class: "muted" }, "No events."));
+    done();
+  }
+
+  // ---- Flags ---------------------------------------------------------------------------
+  async function flagsPage() {
+    const p = new URLSearchParams(location.search);
+    const f = { open: p.get("open") ?? "true", kind: p.get("kind") || "" };
+    const out = h("div");
+    const sel = (name, label, options) => h("label", {}, label, h("select", { name, onchange: (e) => { f[name] = e.target.value; load(); } },
+      options.map(([v, t]) => h("option", { value: v, selected: f[name] === v }, t))));
+    fill(root, h("h1", {}, "Flags"), h("div", { class: "filters" },
+      sel("open", "Status", [["true", "open"], ["false", "resolved"], ["", "all"]]),
+      sel("kind", "Kind", [["", "any"], ...FLAG_KINDS.map((k) => [k, k])])), out);
+    async function load() {
+      history.replaceState(null, "", `/flags?${qs(f)}`);
+      const r = await api(`/api/v1/flags?${qs({ ...f, limit: 200 })}`);
+      fill(out, h("p", { class: "muted" }, `${r.count} flags${r.count > r.data.length ? `, showing the ${r.data.length} most wasteful` : ""}`),
+        r.data.length ? table([
+          { label: "Flag", get: (x) => chip(x) },
+          { label: "Job", get: (x) => h("a", { href: jobHref(x.cluster, x.job_id) }, x.job_id) },
+          { label: "Name", get: (x) => h("span", { class: "trunc" }, x.job_name ?? "") },
+          { label: "User", get: (x) => x.user ?? dash },
+          { label: "Scope", get: (x) => x.scope || "job" },
+          { label: "Since", get: (x) => when(x.start_ts) },
+          { label: "Wasted GPU-h", n: true, get: (x) => gh(x.wasted_gpu_hours) },
+          { label: "Suggestion", wrap: true, get: (x) => x.suggestion },
+        ], r.data) : null);
+    }
+    await load();
+    done();
+  }
+
+  const pages = { fleet: fleetPage, jobs: jobsPage, job: jobPage, node: nodePage, flags: flagsPage };
+  (pages[cfg.page] || fleetPage)().catch(fail);
+})();

@@ -1,0 +1,223 @@
+"""Group commit: one writer thread per collector process drains a bounded queue of
+validated batches and stores everything waiting in ONE transaction, then acknowledges each
+request. Under load many requests share a commit (and its fsync); idle, a lone batch is
+written at once (no timer to wait for).
+
+Why a thread and the sync engine: the write path is mostly numpy and the database's own
+work, so it releases the GIL; one code path (``storage.writes.write_batches``) then serves
+ingest, import and tests on both databases. On PostgreSQL samples go in by binary COPY.
+
+Failure handling, in order of likelihood:
+- the database is unreachable or restarting: every waiting request gets 503 + Retry-After
+  and nothing is acknowledged (the agent's spool retries the same (boot_id, seq));
+- a deadlock/serialisation failure between collector processes: the group is retried;
+- one batch is unstorable (BatchRejected, e.g. a GPU claimed by another node): that
+  request gets its 4xx and the rest of the group is retried without it;
+- an unexpected error: the group is split and retried batch by batch, so only the batch
+  that fails alone gets a 500.
+The queue is bounded in rows: when full, ingest answers 503 at once (never unbounded memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from gpufleet.storage import retention
+from gpufleet.storage.writes import BatchRejected, BatchResult, Prepared, WriteCache, write_batches
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(Exception):
+    """The write queue is full: answer 503 with Retry-After."""
+
+
+class Unavailable(Exception):
+    """The database could not take the write: answer 503 with Retry-After."""
+
+
+@dataclass(slots=True)
+class _Item:
+    prep: Prepared
+    loop: asyncio.AbstractEventLoop
+    fut: asyncio.Future[BatchResult]
+
+
+def _transient(e: BaseException) -> bool:
+    if isinstance(e, OperationalError):
+        return True
+    if isinstance(e, DBAPIError):
+        if e.connection_invalidated:
+            return True
+        code = getattr(getattr(e, "orig", None), "sqlstate", None) or ""
+        # 40001 serialization, 40P01 deadlock, 57P01-03 admin shutdown / cannot connect now,
+        # 08xxx connection exceptions, 53xxx insufficient resources, 55P03 lock not available
+        return code.startswith(("40", "57P", "08", "53", "55P03"))
+    return False
+
+
+def _no_partition(e: BaseException) -> bool:
+    return "no partition of relation" in str(e)
+
+
+class GroupWriter:
+    def __init__(self, engine: Engine, *, queue_rows: int, group_rows: int) -> None:
+        self.engine = engine
+        self.queue_rows = queue_rows
+        self.group_rows = group_rows
+        self.cache = WriteCache()
+        self._q: deque[_Item] = deque()
+        self._rows = 0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="gpufleet-writer", daemon=True)
+        # Counters for /metrics-style introspection and the benchmark.
+        self.commits = 0
+        self.batches = 0
+        self.rows = 0
+        self.writing_rows = 0  # rows of the group being written now
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Finish what is queued (bounded by ``timeout``), then stop."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    @property
+    def pending_rows(self) -> int:
+        return self._rows
+
+    def submit(self, prep: Prepared) -> asyncio.Future[BatchResult]:
+        """Queue a batch; the future resolves after its transaction commits."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[BatchResult] = loop.create_future()
+        rows = max(prep.n, 1)
+        with self._cv:
+            if self._stop:
+                raise Unavailable("collector is shutting down")
+            # A batch alone may exceed the bound (it passed max_rows_per_batch): admit it
+            # into an empty queue rather than refusing it forever.
+            if self._rows and self._rows + rows > self.queue_rows:
+                raise Overloaded(f"write queue full ({self._rows} rows waiting)")
+            self._q.append(_Item(prep, loop, fut))
+            self._rows += rows
+            self._cv.notify()
+        return fut
+
+    # --- writer thread ----------------------------------------------------------------
+
+    def _take(self) -> list[_Item] | None:
+        with self._cv:
+            while not self._q:
+                if self._stop:
+                    return None
+                self._cv.wait(0.5)
+            group: list[_Item] = []
+            rows = 0
+            while self._q and (not group or rows + self._q[0].prep.n <= self.group_rows):
+                it = self._q.popleft()
+                group.append(it)
+                rows += max(it.prep.n, 1)
+            self._rows -= rows
+            return group
+
+    def _run(self) -> None:
+        while True:
+            group = self._take()
+            if group is None:
+                return
+            self.writing_rows = sum(it.prep.n for it in group)
+            try:
+                self._write(group)
+            except BaseException as e:  # never let the thread die with requests waiting
+                log.exception("writer failed")
+                for it in group:
+                    _resolve(it, exc=Unavailable(f"write failed: {type(e).__name__}"))
+            finally:
+                self.writing_rows = 0
+
+    def _write(self, group: list[_Item]) -> None:
+        pending = list(group)
+        attempts = 0
+        while pending:
+            attempts += 1
+            preps = [it.prep for it in pending]
+            try:
+                self._ensure_partitions(preps)
+                with self.engine.begin() as conn:
+                    res = write_batches(conn, preps, time.time(), self.cache)
+            except BatchRejected as e:
+                self.cache.clear()
+                idx = e.index if e.index is not None else 0
+                _resolve(pending[idx], exc=e)
+                pending.pop(idx)
+                continue
+            except Exception as e:
+                self.cache.clear()
+                if _no_partition(e):
+                    retention.forget()
+                if (_transient(e) or _no_partition(e)) and attempts < 3 and not _connection_down(e):
+                    log.info("retrying group of %d after %s", len(pending), type(e).__name__)
+                    time.sleep(0.05 * attempts)
+                    continue
+                if _transient(e) or _no_partition(e):
+                    log.warning("database unavailable: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    for it in pending:
+                        _resolve(it, exc=Unavailable("database unavailable, retry later"))
+                    return
+                if len(pending) > 1:
+                    log.exception("unexpected error in a group of %d; retrying one by one", len(pending))
+                    for it in pending:
+                        self._write([it])
+                    return
+                log.exception("unexpected error storing batch %s", pending[0].prep.key)
+                _resolve(pending[0], exc=e)
+                return
+            self.commits += 1
+            self.batches += len(pending)
+            self.rows += res.stored
+            for it, r in zip(pending, res.results, strict=True):
+                _resolve(it, result=r)
+            return
+
+    def _ensure_partitions(self, preps: list[Prepared]) -> None:
+        # Outside the write transaction (see storage.retention): usually a cache hit.
+        if self.engine.dialect.name != "postgresql":
+            return
+        days: set[int] = set()
+        for p in preps:
+            days |= retention.days_of(p.ts)
+        if days:
+            retention.ensure_partitions(self.engine, days)
+
+
+def _connection_down(e: BaseException) -> bool:
+    # Cannot connect at all: retrying inside this request only adds latency; the agent retries.
+    msg = str(e).lower()
+    return "connection refused" in msg or "could not connect" in msg or "connection failed" in msg \
+        or "shutting down" in msg or "starting up" in msg
+
+
+def _resolve(it: _Item, *, result: BatchResult | None = None, exc: BaseException | None = None) -> None:
+    def done() -> None:
+        if it.fut.done():
+            return
+        if exc is not None:
+            it.fut.set_exception(exc)
+        else:
+            it.fut.set_result(result)  # type: ignore[arg-type]
+
+    try:
+        it.loop.call_soon_threadsafe(done)
+    except RuntimeError:  # the loop has closed (shutdown): nobody is waiting any more
+        pass

@@ -1,0 +1,118 @@
+"""Waste by team and cause: wasted GPU-hours from the goodput findings, prorated to the range,
+split by team (Slurm account or Kubernetes namespace), cause (flag kind) and user."""
+
+from __future__ import annotations
+
+from .builders import (
+    Dashboard,
+    Panel,
+    Query,
+    Row,
+    barchart,
+    column_unit,
+    piechart,
+    query_variable,
+    stat,
+    table,
+    timeseries,
+)
+from .common import OVERLAPS_RANGE, RANGE_FRACTION, cluster_variable
+
+UID = "gpufleet-waste"
+
+# "(none)" is always an option, so "All" never expands to an empty IN () list.
+TEAM_VAR_QUERY = Query(
+    """
+    SELECT '(none)' AS team
+    UNION
+    SELECT DISTINCT team FROM grafana_jobs
+    WHERE cluster IN ($cluster) AND start_ts <= $__unixEpochTo()
+      AND coalesce(end_ts, $__unixEpochTo()) >= $__unixEpochFrom()
+    ORDER BY 1
+    """, ("team",), "table")
+
+SELECTED_FLAGS = f"cluster IN ($cluster) AND team IN ($team) AND {OVERLAPS_RANGE}"
+WASTED = f"sum(wasted_gpu_hours * {RANGE_FRACTION})"
+JOB_RANGE_FRACTION = "grafana_overlap(start_ts, coalesce(end_ts, last_sample_ts, $__unixEpochTo()), " \
+                     "$__unixEpochFrom(), $__unixEpochTo())"
+SELECTED_JOBS = "cluster IN ($cluster) AND team IN ($team) AND start_ts <= $__unixEpochTo() " \
+                "AND coalesce(end_ts, $__unixEpochTo()) >= $__unixEpochFrom()"
+
+
+def build() -> Dashboard:
+    team_var = query_variable("team", "Team", TEAM_VAR_QUERY, multi=True, include_all=True, refresh_on_time=True)
+    items: list[Panel | Row] = [
+        Row("Totals"),
+        stat("Wasted GPU-hours", Query(
+            f"SELECT coalesce({WASTED}, 0) AS wasted_gpu_hours FROM grafana_flags WHERE {SELECTED_FLAGS}",
+            ("wasted_gpu_hours",), "table"), decimals=1, w=6),
+        stat("Allocated GPU-hours", Query(
+            f"""
+            SELECT coalesce(sum(allocated_gpu_hours * {JOB_RANGE_FRACTION}), 0) AS allocated_gpu_hours
+            FROM grafana_jobs WHERE {SELECTED_JOBS}
+            """, ("allocated_gpu_hours",), "table"), decimals=1, w=6,
+            description="From the job reports, prorated to the range."),
+        stat("Waste share", Query(
+            f"""
+            SELECT (SELECT coalesce({WASTED}, 0) FROM grafana_flags WHERE {SELECTED_FLAGS})
+                 / nullif((SELECT sum(allocated_gpu_hours * {JOB_RANGE_FRACTION})
+                           FROM grafana_jobs WHERE {SELECTED_JOBS}), 0) AS waste_share
+            """, ("waste_share",), "table"), unit="percentunit", decimals=1, w=6),
+        stat("Jobs with findings", Query(
+            f"SELECT count(DISTINCT job_pk) AS jobs FROM grafana_flags WHERE {SELECTED_FLAGS}",
+            ("jobs",), "table"), w=6),
+        Row("Who and why"),
+        barchart("Wasted GPU-hours by team", Query(
+            f"""
+            SELECT team, {WASTED} AS wasted_gpu_hours
+            FROM grafana_flags WHERE {SELECTED_FLAGS}
+            GROUP BY team ORDER BY 2 DESC LIMIT 30
+            """, ("team", "wasted_gpu_hours"), "table"), w=12),
+        piechart("Wasted GPU-hours by cause", Query(
+            f"""
+            SELECT cause, {WASTED} AS wasted_gpu_hours
+            FROM grafana_flags WHERE {SELECTED_FLAGS}
+            GROUP BY cause ORDER BY 2 DESC
+            """, ("cause", "wasted_gpu_hours"), "table"), w=12),
+        # Each day gets the part of every finding that fell inside it.
+        timeseries("Wasted GPU-hours per day by cause", [Query(
+            """
+            SELECT d.day AS time, f.cause AS metric,
+                   sum(f.wasted_gpu_hours * grafana_overlap(f.start_ts, f.end_ts, d.day, d.day + 86400))
+                     AS wasted_gpu_hours
+            FROM generate_series(floor($__unixEpochFrom() / 86400.0) * 86400, $__unixEpochTo(), 86400) AS d(day)
+            JOIN grafana_flags f ON f.end_ts >= d.day AND f.start_ts < d.day + 86400
+            WHERE f.cluster IN ($cluster) AND f.team IN ($team)
+              AND f.end_ts >= $__unixEpochFrom() AND f.start_ts <= $__unixEpochTo()
+            GROUP BY 1, 2
+            ORDER BY 1
+            """, ("time", "metric", "wasted_gpu_hours"))], w=24, stack=True, min=0),
+        table("Team × cause", Query(
+            f"""
+            SELECT team, cause, {WASTED} AS wasted_gpu_hours, count(DISTINCT job_pk) AS jobs,
+                   count(DISTINCT username) AS users
+            FROM grafana_flags WHERE {SELECTED_FLAGS}
+            GROUP BY team, cause ORDER BY 3 DESC
+            """, ("team", "cause", "wasted_gpu_hours", "jobs", "users"), "table"), w=12, h=10),
+        table("Top users", Query(
+            f"""
+            SELECT username, team, {WASTED} AS wasted_gpu_hours, count(DISTINCT job_pk) AS jobs,
+                   string_agg(DISTINCT cause, ', ') AS causes
+            FROM grafana_flags WHERE {SELECTED_FLAGS}
+            GROUP BY username, team ORDER BY 3 DESC LIMIT 30
+            """, ("username", "team", "wasted_gpu_hours", "jobs", "causes"), "table"), w=12, h=10),
+        table("Goodput by team", Query(
+            f"""
+            SELECT team, count(*) AS jobs,
+                   sum(allocated_gpu_hours * {JOB_RANGE_FRACTION}) AS allocated_gpu_hours,
+                   sum(goodput_score * allocated_gpu_hours) / nullif(sum(allocated_gpu_hours), 0) AS goodput
+            FROM grafana_jobs WHERE {SELECTED_JOBS}
+            GROUP BY team ORDER BY 3 DESC
+            """, ("team", "jobs", "allocated_gpu_hours", "goodput"), "table"),
+            overrides=[column_unit("goodput", "percentunit")],
+            description="Goodput weighted by allocated GPU-hours, from the job reports."),
+    ]
+    return Dashboard(UID, "gpufleet: waste by team and cause",
+                     "Wasted GPU-hours from gpufleet's goodput findings by team, cause and user.",
+                     items, variables=[cluster_variable(), (team_var, TEAM_VAR_QUERY)], time_from="now-7d",
+                     refresh="5m")

@@ -1,0 +1,150 @@
+"""Daily partitions (PostgreSQL) and retention (both databases).
+
+On PostgreSQL ``gpu_samples`` (on ``ts``) and the two 1-minute rollup tables (on ``bucket``)
+are declaratively range-partitioned by UTC day. Partitions are created ahead of time by the
+collector's maintenance loop and on demand for older data (imports, spooled batches), each
+in its own short transaction: ``CREATE TABLE .. PARTITION OF`` takes a strong lock on the
+parent, which must never be requested from inside a write transaction that already holds a
+weaker one (that is how concurrent writers deadlock). Retention drops whole partitions,
+which costs nothing like a ``DELETE``; SQLite deletes rows instead."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, Engine, text
+
+log = logging.getLogger(__name__)
+
+DAY = 86400
+RAW_TABLES = {"gpu_samples": "ts"}
+ROLLUP_TABLES = {"gpu_samples_1m": "bucket", "job_samples_1m": "bucket"}
+PARTITIONED = {**RAW_TABLES, **ROLLUP_TABLES}
+_NAME_RE = re.compile(r"^(?P<table>[a-z0-9_]+)_p(?P<day>\d{8})$")
+
+# (database url, table, day) already known to exist; per process.
+_known: set[tuple[str, str, int]] = set()
+_known_lock = threading.Lock()
+
+
+def day_of(ts: float) -> int:
+    """Epoch seconds at the start of the UTC day holding ``ts``."""
+    return int(ts // DAY) * DAY
+
+
+def days_of(ts: Any) -> set[int]:
+    """The UTC day starts covered by an array of timestamps."""
+    if not len(ts):
+        return set()
+    return {int(d) * DAY for d in np.unique(np.floor(np.asarray(ts) / DAY))}
+
+
+def partition_name(table: str, day: int) -> str:
+    return f"{table}_p{dt.datetime.fromtimestamp(day, dt.UTC):%Y%m%d}"
+
+
+def is_postgres(conn: Connection | Engine) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def forget(url: str | None = None) -> None:
+    """Drop the cache of known partitions (after a 'no partition for row' error)."""
+    with _known_lock:
+        if url is None:
+            _known.clear()
+        else:
+            for k in [k for k in _known if k[0] == url]:
+                _known.discard(k)
+
+
+def missing_days(url: str, days: Iterable[int], tables: Iterable[str] = PARTITIONED) -> list[tuple[str, int]]:
+    with _known_lock:
+        return [(t, d) for d in sorted(set(days)) for t in tables if (url, t, d) not in _known]
+
+
+def ensure_partitions(engine: Engine, days: Iterable[int], tables: Iterable[str] = PARTITIONED) -> int:
+    """Create the daily partitions covering ``days`` (epoch day starts) when absent, each in
+    its own transaction. A no-op on SQLite. Returns how many were created."""
+    if not is_postgres(engine):
+        return 0
+    url = engine.url.render_as_string(hide_password=True)
+    todo = missing_days(url, days, tables)
+    created = 0
+    for table, day in todo:
+        name = partition_name(table, day)
+        sql = (f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF "{table}" '
+               f"FOR VALUES FROM ({day}) TO ({day + DAY})")
+        for attempt in range(3):
+            try:
+                with engine.begin() as c:
+                    # Serialise creators across processes: concurrent IF NOT EXISTS can still
+                    # collide on the catalog's unique indexes.
+                    c.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": name})
+                    exists = c.execute(text("SELECT to_regclass(:n) IS NOT NULL"), {"n": name}).scalar()
+                    if not exists:
+                        c.execute(text(sql))
+                        created += 1
+                break
+            except Exception:
+                if attempt == 2:
+                    raise
+                log.debug("retrying partition %s", name, exc_info=True)
+        with _known_lock:
+            _known.add((url, table, day))
+    return created
+
+
+def ensure_ahead(engine: Engine, now: float, days_ahead: int = 2) -> int:
+    """Today's partitions and the next ``days_ahead`` days' (the maintenance loop calls this)."""
+    today = day_of(now)
+    return ensure_partitions(engine, [today + i * DAY for i in range(-1, days_ahead + 1)])
+
+
+def list_partitions(conn: Connection, table: str) -> list[tuple[str, int]]:
+    """(partition name, day) for each daily partition of ``table`` (PostgreSQL)."""
+    rows = conn.execute(text(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = :t ORDER BY c.relname"), {"t": table}).scalars()
+    out = []
+    for name in rows:
+        m = _NAME_RE.match(name)
+        if m and m["table"] == table:
+            day = int(dt.datetime.strptime(m["day"], "%Y%m%d").replace(tzinfo=dt.UTC).timestamp())
+            out.append((name, day))
+    return out
+
+
+def apply_retention(engine: Engine, now: float, raw_days: float, rollup_days: float) -> dict[str, int]:
+    """Remove raw samples older than ``raw_days`` and rollups older than ``rollup_days``.
+    PostgreSQL drops whole day partitions (only days entirely before the cutoff); SQLite
+    deletes rows. Returns partitions dropped (PostgreSQL) or rows deleted (SQLite) per table."""
+    out: dict[str, int] = {}
+    cutoffs = {t: now - raw_days * DAY for t in RAW_TABLES} | {t: now - rollup_days * DAY for t in ROLLUP_TABLES}
+    url = engine.url.render_as_string(hide_password=True)
+    for table, col in PARTITIONED.items():
+        cutoff = cutoffs[table]
+        if is_postgres(engine):
+            dropped = 0
+            with engine.connect() as c:
+                parts = list_partitions(c, table)
+            for name, day in parts:
+                if day + DAY <= cutoff:
+                    with engine.begin() as c:
+                        c.execute(text(f'DROP TABLE IF EXISTS "{name}"'))
+                    with _known_lock:
+                        _known.discard((url, table, day))
+                    dropped += 1
+            out[table] = dropped
+        else:
+            with engine.begin() as c:
+                out[table] = c.execute(text(f"DELETE FROM {table} WHERE {col} < :c"), {"c": cutoff}).rowcount
+    with engine.begin() as c:
+        # The idempotency ledger only needs to outlive any retry: keep it as long as raw data.
+        c.execute(text("DELETE FROM ingest_batches WHERE received_at < :c"), {"c": now - raw_days * DAY})
+    return out

@@ -1,0 +1,819 @@
+"""The write path: protocol batches -> dimensions, wide sample rows, rollups, events.
+
+``write_batches(conn, batches, now)`` runs inside the caller's transaction, so a caller gets
+all-or-nothing across everything it passes (the collector's group commit, an NDJSON import).
+It is the only code that writes telemetry; ingest, import and tests all go through it.
+
+Cost model (why it looks like this): per-row Python work is what limits a Python collector,
+so samples stay columnar end to end. ``prepare`` turns a batch's columns into one float64
+matrix (NaN = null; real NaNs are rejected first), ranges are checked with numpy, rollups are
+computed with sorted reductions, and on PostgreSQL the rows are serialised straight into the
+binary COPY format with numpy record arrays (one per null pattern), so no Python object is
+created per row. SQLite gets one ``executemany`` of tuples (WAL, one transaction).
+
+Deadlocks between concurrent writers (several collector processes) are avoided by touching
+shared rows in sorted key order; the caller retries the rare one that remains."""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+import numpy as np
+from gpufleet.storage import retention
+from gpufleet.storage.models import (
+    Allocation,
+    Cluster,
+    Event,
+    Gpu,
+    Job,
+    Node,
+    gpu_samples_1m,
+    job_samples_1m,
+)
+from sqlalchemy import Connection, and_, bindparam, case, literal_column, select, text, update
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from gpufleet.catalog import CATALOG
+from gpufleet.protocol import Batch
+
+FIELDS = CATALOG.fields
+NAMES: tuple[str, ...] = CATALOG.names
+FIELD_INDEX = {n: i for i, n in enumerate(NAMES)}
+NF = len(FIELDS)
+_IS_I8 = np.array([f.dtype == "i8" for f in FIELDS])
+_MIN = np.array([f.min for f in FIELDS])
+_MAX = np.array([f.max for f in FIELDS])
+_ROLLUP = [f.rollup for f in FIELDS]
+STALE_JOB_S = 300.0  # a job nobody reported for this long has ended
+BUCKET_S = 60.0
+_NUM_TYPES = {float, int}
+_NUM_OR_NONE = {float, int, type(None)}
+
+
+class BatchRejected(Exception):
+    """A batch that can never be stored (4xx): ``detail`` names the field and row.
+    ``index`` is the batch's position in the ``write_batches`` call, when known."""
+
+    def __init__(self, detail: str, status: int = 422, index: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+        self.index = index
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A batch with its samples as arrays: ``vals[j]`` is field ``NAMES[j]`` over all rows,
+    NaN where the agent sent null or did not send the column."""
+
+    batch: Batch
+    ts: np.ndarray
+    gpu: list[str]
+    job: list[str | None]
+    vals: np.ndarray
+    columns: tuple[str, ...] = ()
+
+    @property
+    def n(self) -> int:
+        return len(self.ts)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.batch.agent.boot_id, self.batch.agent.seq)
+
+
+@dataclass(slots=True)
+class BatchResult:
+    stored: int
+    duplicate: bool
+
+
+@dataclass(slots=True)
+class WriteResult:
+    results: list[BatchResult] = field(default_factory=list)
+
+    @property
+    def stored(self) -> int:
+        return sum(r.stored for r in self.results)
+
+    @property
+    def duplicate(self) -> bool:
+        return bool(self.results) and all(r.duplicate for r in self.results)
+
+
+def _first_bad(col: Sequence[Any], ok: set[type]) -> int:
+    return next(i for i, v in enumerate(col) if type(v) not in ok)
+
+
+def _numeric(name: str, col: Sequence[Any], allow_none: bool) -> np.ndarray:
+    ok = _NUM_OR_NONE if allow_none else _NUM_TYPES
+    if not set(map(type, col)) <= ok:
+        i = _first_bad(col, ok)
+        raise BatchRejected(f"samples.{name}[{i}]: expected a number{' or null' if allow_none else ''}, "
+                            f"got {type(col[i]).__name__}")
+    try:
+        arr = np.array(col, dtype=np.float64)
+    except OverflowError:
+        i = next(i for i, v in enumerate(col) if isinstance(v, int) and abs(v) > 1e300)
+        raise BatchRejected(f"samples.{name}[{i}]: integer too large") from None
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        nones = col.count(None) if allow_none else 0
+        if int(bad.sum()) != nones or np.isinf(arr).any():
+            i = next(i for i, v in enumerate(col) if isinstance(v, float) and not math.isfinite(v))
+            raise BatchRejected(f"samples.{name}[{i}]: {col[i]!r} is not a finite number")
+    return arr
+
+
+def prepare(batch: Batch) -> Prepared:
+    """Columns -> arrays, checked against the catalog (types, finiteness, ranges, integer
+    fields). Raises BatchRejected naming the column and row."""
+    s = batch.samples
+    if not s:
+        return Prepared(batch, np.empty(0), [], [], np.full((NF, 0), np.nan))
+    if "ts" not in s:
+        raise BatchRejected("samples: missing column 'ts'")
+    if "gpu" not in s:
+        raise BatchRejected("samples: missing column 'gpu'")
+    n = len(s["ts"])
+    for name, col in s.items():
+        if name not in FIELD_INDEX and name not in ("ts", "gpu", "job"):
+            raise BatchRejected(f"samples.{name}: unknown field (not in the metric catalog)")
+        if len(col) != n:
+            raise BatchRejected(f"samples.{name}: {len(col)} values, expected {n} (as many as samples.ts)")
+    ts = _numeric("ts", s["ts"], allow_none=False)
+    gpu = s["gpu"]
+    if set(map(type, gpu)) - {str}:
+        i = _first_bad(gpu, {str})
+        raise BatchRejected(f"samples.gpu[{i}]: expected a GPU uuid string, got {type(gpu[i]).__name__}")
+    job = s.get("job")
+    if job is None:
+        job = [None] * n
+    elif set(map(type, job)) - {str, type(None)}:
+        i = _first_bad(job, {str, type(None)})
+        raise BatchRejected(f"samples.job[{i}]: expected a job id string or null, got {type(job[i]).__name__}")
+    vals = np.full((NF, n), np.nan)
+    present = [(FIELD_INDEX[name], name) for name in s if name in FIELD_INDEX]
+    if present and n and _fast_fields(s, present, vals):
+        return Prepared(batch, ts, list(gpu), list(job), vals, tuple(name for _, name in present))
+    cols = []
+    for name, col in s.items():
+        j = FIELD_INDEX.get(name)
+        if j is None:
+            continue
+        cols.append(name)
+        arr = _numeric(name, col, allow_none=True)
+        with np.errstate(invalid="ignore"):
+            out = (arr < _MIN[j]) | (arr > _MAX[j])
+            if _IS_I8[j]:
+                out |= arr != np.floor(arr)
+        if out.any():
+            i = int(np.argmax(out))
+            f = FIELDS[j]
+            why = f.check(col[i]) or f"{name}: {col[i]!r} must be an integer"
+            raise BatchRejected(f"samples.{name}[{i}]: {why.split(': ', 1)[1]}")
+        vals[j] = arr
+    return Prepared(batch, ts, list(gpu), list(job), vals, tuple(cols))
+
+
+def _fast_fields(s: dict[str, list[Any]], present: list[tuple[int, str]], vals: np.ndarray) -> bool:
+    """All field columns converted and checked at once (the common, valid case). Returns
+    False when anything looks wrong; the per-column path then finds and names the error."""
+    cols = [s[name] for _, name in present]
+    types = set(map(type, chain.from_iterable(cols)))
+    if not types <= _NUM_OR_NONE:
+        return False
+    try:
+        mat = np.array(cols, dtype=np.float64)
+    except (OverflowError, ValueError):
+        return False
+    nan = np.isnan(mat)
+    if nan.any() or float in types:
+        nones = sum(c.count(None) for c in cols) if type(None) in types else 0
+        if int(nan.sum()) != nones or np.isinf(mat).any():
+            return False
+    idx = np.array([j for j, _ in present])
+    with np.errstate(invalid="ignore"):
+        bad = (mat < _MIN[idx][:, None]) | (mat > _MAX[idx][:, None])
+        ints = _IS_I8[idx]
+        if ints.any():
+            m = mat[ints]
+            bad[ints] |= m != np.floor(m)
+    if bad.any():
+        return False
+    vals[idx] = mat
+    return True
+
+
+# --- caches --------------------------------------------------------------------------------
+
+@dataclass
+class WriteCache:
+    """Ids of dimension rows (immutable once created) and the last attributes written, so a
+    steady stream of batches does not re-upsert unchanged nodes, GPUs and jobs. Per process;
+    cleared by the caller after any failed transaction."""
+
+    clusters: dict[str, int] = field(default_factory=dict)
+    nodes: dict[tuple[int, str], int] = field(default_factory=dict)
+    gpus: dict[str, tuple[int, int, tuple[Any, ...], float]] = field(default_factory=dict)  # uuid -> pk,node,attrs,seen
+    jobs: dict[tuple[int, str], tuple[int, tuple[Any, ...]]] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self.clusters.clear()
+        self.nodes.clear()
+        self.gpus.clear()
+        self.jobs.clear()
+
+
+GPU_SEEN_EVERY_S = 60.0  # gpus.last_seen granularity (nodes.last_seen is exact)
+GPU_MOVE_AFTER_S = 600.0  # a GPU uuid may move to another node once its old node is silent this long
+
+
+def _insert(conn: Connection, table: Any) -> Any:
+    mod = pg_dialect if conn.dialect.name == "postgresql" else sqlite_dialect
+    return mod.insert(table)
+
+
+# --- dimensions ----------------------------------------------------------------------------
+
+def _cluster_ids(conn: Connection, names: Iterable[str], cache: WriteCache) -> dict[str, int]:
+    todo = sorted({n for n in names if n not in cache.clusters})
+    if todo:
+        t = Cluster.__table__
+        conn.execute(_insert(conn, t).on_conflict_do_nothing(index_elements=["name"]), [{"name": n} for n in todo])
+        for cid, name in conn.execute(select(t.c.id, t.c.name).where(t.c.name.in_(todo))):
+            cache.clusters[name] = cid
+    return cache.clusters
+
+
+def _node_ids(conn: Connection, keys: Iterable[tuple[int, str]], cache: WriteCache) -> dict[tuple[int, str], int]:
+    todo = sorted({k for k in keys if k not in cache.nodes})
+    if todo:
+        t = Node.__table__
+        conn.execute(_insert(conn, t).on_conflict_do_nothing(index_elements=["cluster_id", "name"]),
+                     [{"cluster_id": c, "name": n} for c, n in todo])
+        for cid in {c for c, _ in todo}:
+            names = [n for c, n in todo if c == cid]
+            for nid, name in conn.execute(select(t.c.id, t.c.name).where(t.c.cluster_id == cid, t.c.name.in_(names))):
+                cache.nodes[(cid, name)] = nid
+    return cache.nodes
+
+
+def _gpu_ids(conn: Connection, per_node: dict[int, dict[str, Any]], now: float, cache: WriteCache,
+             batch_of_node: dict[int, int]) -> dict[str, int]:
+    """Upsert the GPUs each node reported (new, changed, or not marked seen for a while)."""
+    t = Gpu.__table__
+    out: dict[str, int] = {}
+    todo: list[dict[str, Any]] = []
+    for node_id, gpus in per_node.items():
+        for uuid, g in gpus.items():
+            attrs = (g.index, g.model, g.mig_profile, g.parent_uuid, g.memory_total_bytes)
+            hit = cache.gpus.get(uuid)
+            if hit and hit[1] == node_id and hit[2] == attrs and now - hit[3] < GPU_SEEN_EVERY_S:
+                out[uuid] = hit[0]
+                continue
+            todo.append({"uuid": uuid, "node_id": node_id, "index": g.index, "model": g.model,
+                         "mig_profile": g.mig_profile, "parent_uuid": g.parent_uuid,
+                         "memory_total_bytes": g.memory_total_bytes, "last_seen": now})
+    if not todo:
+        return out
+    todo.sort(key=lambda r: r["uuid"])
+    uuids = [r["uuid"] for r in todo]
+    existing = {r.uuid: r for r in conn.execute(
+        select(t.c.uuid, t.c.node_id, Node.last_seen, Node.name).join(Node, Node.id == t.c.node_id)
+        .where(t.c.uuid.in_(uuids)))}
+    for r in todo:
+        e = existing.get(r["uuid"])
+        moved = e is not None and e.node_id != r["node_id"]
+        if moved and e.last_seen is not None and now - e.last_seen < GPU_MOVE_AFTER_S:
+            raise BatchRejected(f"gpus: uuid {r['uuid']!r} is being reported by node {e.name!r}", 409,
+                                index=batch_of_node.get(r["node_id"]))
+    ins = _insert(conn, t)
+    conn.execute(ins.on_conflict_do_update(index_elements=["uuid"], set_={
+        c: ins.excluded[c] for c in ("node_id", "index", "model", "mig_profile", "parent_uuid",
+                                     "memory_total_bytes", "last_seen")}), todo)
+    ids = dict(conn.execute(select(t.c.uuid, t.c.id).where(t.c.uuid.in_(uuids))).all())
+    for r in todo:
+        pk = ids[r["uuid"]]
+        out[r["uuid"]] = pk
+        cache.gpus[r["uuid"]] = (pk, r["node_id"], (r["index"], r["model"], r["mig_profile"], r["parent_uuid"],
+                                                    r["memory_total_bytes"]), now)
+    return out
+
+
+_JOB_ATTRS = ("source", "user", "name", "account", "partition", "namespace", "num_nodes", "ntasks", "labels")
+
+
+def _job_ids(conn: Connection, jobs: dict[tuple[int, str], Any], cache: WriteCache) -> dict[tuple[int, str], int]:
+    """Upsert jobs (described by JobInfo, or bare when only referenced by samples)."""
+    t = Job.__table__
+    out: dict[tuple[int, str], int] = {}
+    todo: list[dict[str, Any]] = []
+    for key, info in jobs.items():
+        if info is None:
+            attrs: tuple[Any, ...] = ()
+        else:
+            attrs = (info.source, info.user, info.name, info.account, info.partition, info.namespace,
+                     info.num_nodes, info.ntasks, tuple(sorted(info.labels.items())))
+        hit = cache.jobs.get(key)
+        if hit and (not attrs or hit[1] == attrs):
+            out[key] = hit[0]
+            continue
+        row: dict[str, Any] = {"cluster_id": key[0], "job_id": key[1], "state": "running",
+                               "start_ts": info.start_ts if info is not None else None, "end_ts": None,
+                               "last_sample_ts": None}
+        if info is None:
+            row.update(dict.fromkeys(_JOB_ATTRS), source="unknown")
+        else:
+            row.update(zip(_JOB_ATTRS, (*attrs[:-1], dict(info.labels) or None), strict=True))
+        todo.append((row, attrs))  # type: ignore[arg-type]
+    if not todo:
+        return out
+    todo.sort(key=lambda ra: (ra[0]["cluster_id"], ra[0]["job_id"]))  # type: ignore[index]
+    ins = _insert(conn, t)
+    # A described job overwrites a bare one's attributes; a bare reference changes nothing.
+    described = [r for r, a in todo if a]  # type: ignore[misc]
+    bare = [r for r, a in todo if not a]  # type: ignore[misc]
+    if described:
+        start = case((and_(t.c.start_ts.is_not(None), t.c.start_ts < ins.excluded.start_ts), t.c.start_ts),
+                     else_=ins.excluded.start_ts)
+        conn.execute(ins.on_conflict_do_update(
+            index_elements=["cluster_id", "job_id"],
+            set_={**{c: ins.excluded[c] for c in _JOB_ATTRS},
+                  "start_ts": case((ins.excluded.start_ts.is_(None), t.c.start_ts), else_=start)}), described)
+    if bare:
+        conn.execute(ins.on_conflict_do_nothing(index_elements=["cluster_id", "job_id"]), bare)
+    for cid in sorted({r["cluster_id"] for r, _ in todo}):  # type: ignore[index]
+        names = [r["job_id"] for r, _ in todo if r["cluster_id"] == cid]  # type: ignore[index]
+        for pk, jid in conn.execute(select(t.c.id, t.c.job_id).where(t.c.cluster_id == cid, t.c.job_id.in_(names))):
+            out[(cid, jid)] = pk
+    for r, a in todo:  # type: ignore[misc]
+        key = (r["cluster_id"], r["job_id"])
+        if a or key not in cache.jobs:
+            cache.jobs[key] = (out[key], a)
+    return out
+
+
+# --- samples -------------------------------------------------------------------------------
+
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_VAL_DTYPE = {"f4": ">f4", "f8": ">f8", "i8": ">i8"}
+_VAL_SIZE = {"f4": 4, "f8": 8, "i8": 8}
+SAMPLE_COLUMNS = ("ts", "gpu_pk", "job_pk", *NAMES)
+_COPY_SQL = f"COPY gpu_samples ({', '.join(SAMPLE_COLUMNS)}) FROM STDIN WITH (FORMAT binary)"
+
+
+def copy_buffer(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> bytes:
+    """Rows in PostgreSQL's binary COPY format, built with numpy: the rows sharing a null
+    pattern (usually all of them) form one packed record array. ``job_pk`` < 0 is null."""
+    n = len(ts)
+    nulls = np.vstack([np.isnan(vals), (job_pk < 0)[None, :]])  # (NF+1, n)
+    packed = np.ascontiguousarray(np.packbits(nulls, axis=0).T)
+    if n and (packed == packed[0]).all():
+        groups: list[np.ndarray | slice] = [slice(None)]
+    else:
+        keys = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+        _, inv = np.unique(keys, return_inverse=True)
+        groups = [np.nonzero(inv == k)[0] for k in range(int(inv.max()) + 1)] if n else []
+    parts = [_COPY_HEADER]
+    ncols = struct.pack(">h", len(SAMPLE_COLUMNS))
+    for g in groups:
+        first = 0 if isinstance(g, slice) else int(g[0])
+        row_null = nulls[:, first]
+        spec: list[tuple[str, str]] = [("c", ">i2"), ("l0", ">i4"), ("ts", ">f8"), ("l1", ">i4"), ("gpu", ">i4"),
+                                       ("l2", ">i4")]
+        if not row_null[NF]:
+            spec.append(("job", ">i4"))
+        for j, f in enumerate(FIELDS):
+            spec.append((f"l{j + 3}", ">i4"))
+            if not row_null[j]:
+                spec.append((f"v{j}", _VAL_DTYPE[f.dtype]))
+        m = n if isinstance(g, slice) else len(g)
+        rec = np.empty(m, dtype=np.dtype(spec))
+        rec["c"] = struct.unpack(">h", ncols)[0]
+        rec["l0"] = 8
+        rec["ts"] = ts[g]
+        rec["l1"] = 4
+        rec["gpu"] = gpu_pk[g]
+        if row_null[NF]:
+            rec["l2"] = -1
+        else:
+            rec["l2"] = 4
+            rec["job"] = job_pk[g]
+        for j, f in enumerate(FIELDS):
+            if row_null[j]:
+                rec[f"l{j + 3}"] = -1
+            else:
+                rec[f"l{j + 3}"] = _VAL_SIZE[f.dtype]
+                rec[f"v{j}"] = vals[j][g]
+        parts.append(rec.tobytes())
+    parts.append(b"\xff\xff")
+    return b"".join(parts)
+
+
+def _insert_samples(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> None:
+    if not len(ts):
+        return
+    if conn.dialect.name == "postgresql":
+        buf = copy_buffer(ts, gpu_pk, job_pk, vals)
+        raw = conn.connection.driver_connection
+        with raw.cursor() as cur, cur.copy(_COPY_SQL) as cp:  # type: ignore[union-attr]
+            cp.write(buf)
+        return
+    cols: list[Any] = [ts.tolist(), gpu_pk.tolist(), [None if j < 0 else j for j in job_pk.tolist()]]
+    for j in range(NF):
+        v = vals[j]
+        nan = np.isnan(v)
+        if nan.all():
+            cols.append([None] * len(ts))
+        elif _IS_I8[j]:
+            cols.append([None if x else int(y) for x, y in zip(nan.tolist(), v.tolist(), strict=True)])
+        elif nan.any():
+            cols.append([None if x else y for x, y in zip(nan.tolist(), v.tolist(), strict=True)])
+        else:
+            cols.append(v.tolist())
+    sql = f"INSERT INTO gpu_samples ({', '.join(SAMPLE_COLUMNS)}) VALUES ({', '.join('?' * len(SAMPLE_COLUMNS))})"
+    conn.exec_driver_sql(sql, list(zip(*cols, strict=True)))
+
+
+# --- rollups -------------------------------------------------------------------------------
+
+def _rollup(keys: np.ndarray, ts: np.ndarray, vals: np.ndarray, carry: np.ndarray | None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Aggregate rows by (key, minute): returns key, bucket, n, last_ts, (NF, groups)
+    aggregates and the ``carry`` value of each group's newest row."""
+    bucket = np.floor(ts / BUCKET_S) * BUCKET_S
+    order = np.lexsort((ts, bucket, keys))
+    k, b, t, v = keys[order], bucket[order], ts[order], vals[:, order]
+    starts = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (b[1:] != b[:-1])])
+    ends = np.r_[starts[1:], len(k)] - 1
+    n = np.diff(np.r_[starts, len(k)])
+    nan = np.isnan(v)
+    out = np.full((NF, len(starts)), np.nan)
+    pos = np.where(nan, -1, np.arange(len(k))[None, :])
+    for j in range(NF):
+        if nan[j].all():
+            continue
+        kind = _ROLLUP[j]
+        if kind == "max":
+            out[j] = np.fmax.reduceat(v[j], starts)
+        elif kind == "last":
+            last = np.maximum.reduceat(pos[j], starts)
+            got = last >= 0
+            out[j, got] = v[j, last[got]]
+        else:  # mean; sum_rate rolls up as the mean rate too
+            cnt = np.add.reduceat(~nan[j], starts)
+            s = np.add.reduceat(np.where(nan[j], 0.0, v[j]), starts)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[j] = np.where(cnt > 0, s / np.maximum(cnt, 1), np.nan)
+    c = carry[order][ends] if carry is not None else None
+    return k[starts], b[starts], n, t[ends], out, c
+
+
+def _merge_sql(table: str) -> str:
+    """ON CONFLICT updates folding a new partial aggregate into the stored one (the same SQL
+    on PostgreSQL and SQLite; SET expressions see the row's old values)."""
+    t, x = table, "excluded"
+    sets = [f"n = {t}.n + {x}.n",
+            f"last_ts = CASE WHEN {x}.last_ts > {t}.last_ts THEN {x}.last_ts ELSE {t}.last_ts END"]
+    for f in FIELDS:
+        o, w = f"{t}.{f.name}", f"{x}.{f.name}"
+        if f.rollup == "max":
+            e = f"CASE WHEN {o} IS NULL THEN {w} WHEN {w} > {o} THEN {w} ELSE {o} END"
+        elif f.rollup == "last":
+            e = (f"CASE WHEN {w} IS NULL THEN {o} WHEN {o} IS NULL THEN {w} "
+                 f"WHEN {x}.last_ts >= {t}.last_ts THEN {w} ELSE {o} END")
+        else:  # mean, weighted by samples folded in (per row, not per non-null value)
+            e = (f"CASE WHEN {w} IS NULL THEN {o} WHEN {o} IS NULL THEN {w} "
+                 f"ELSE ({o} * {t}.n + {w} * {x}.n) / ({t}.n + {x}.n) END")
+        sets.append(f"{f.name} = {e}")
+    if table == "gpu_samples_1m":
+        sets.append(f"job_pk = CASE WHEN {x}.last_ts >= {t}.last_ts THEN {x}.job_pk ELSE {t}.job_pk END")
+    return ", ".join(sets)
+
+
+_PG_ARRAY = {"f4": "float8[]", "f8": "float8[]", "i8": "int8[]"}
+
+
+def _rollup_sql(dialect: str, table: str, key_col: str) -> str:
+    cols = [key_col, "bucket", "n", "last_ts"] + (["job_pk"] if table == "gpu_samples_1m" else []) + list(NAMES)
+    conflict = f"ON CONFLICT ({key_col}, bucket) DO UPDATE SET {_merge_sql(table)}"
+    if dialect == "postgresql":
+        types = ["int4[]", "float8[]", "int4[]", "float8[]"] + (["int4[]"] if table == "gpu_samples_1m" else []) \
+            + [_PG_ARRAY[f.dtype] for f in FIELDS]
+        # One statement for all rows: arrays in, unnest to rows (no per-row statement).
+        args = ", ".join(f"%s::{t}" for t in types)
+        return f"INSERT INTO {table} ({', '.join(cols)}) SELECT * FROM unnest({args}) {conflict}"
+    return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) {conflict}"
+
+
+_SQL_CACHE: dict[tuple[str, str, str], str] = {}
+
+
+def _upsert_rollup(conn: Connection, table: Any, key_col: str, keys: np.ndarray, buckets: np.ndarray,
+                   n: np.ndarray, last_ts: np.ndarray, agg: np.ndarray, carry: np.ndarray | None) -> None:
+    if not len(keys):
+        return
+    dialect = conn.dialect.name
+    ck = (dialect, table.name, key_col)
+    sql = _SQL_CACHE.get(ck)
+    if sql is None:
+        sql = _SQL_CACHE[ck] = _rollup_sql(dialect, table.name, key_col)
+    # Sorted keys: concurrent writers lock rollup rows in the same order (no deadlocks).
+    cols: list[list[Any]] = [keys.tolist(), buckets.tolist(), n.tolist(), last_ts.tolist()]
+    if carry is not None:
+        cols.append([None if c < 0 else c for c in carry.tolist()])
+    for j, f in enumerate(FIELDS):
+        v = agg[j]
+        nan = np.isnan(v)
+        if f.dtype == "i8":
+            cols.append([None if x else int(y) for x, y in zip(nan.tolist(), v.tolist(), strict=True)])
+        elif nan.any():
+            cols.append([None if x else y for x, y in zip(nan.tolist(), v.tolist(), strict=True)])
+        else:
+            cols.append(v.tolist())
+    if dialect == "postgresql":
+        conn.exec_driver_sql(sql, tuple(cols))
+    else:
+        conn.exec_driver_sql(sql, list(zip(*cols, strict=True)))
+
+
+# --- the write -----------------------------------------------------------------------------
+
+def _dupe_result() -> BatchResult:
+    return BatchResult(0, True)
+
+
+def write_batches(conn: Connection, batches: Sequence[Batch | Prepared], now: float,
+                  cache: WriteCache | None = None) -> WriteResult:
+    """Store ``batches`` inside the caller's transaction. A batch whose (boot_id, seq) was
+    stored before is acknowledged as a duplicate and not stored again. Raises BatchRejected
+    (with ``index``) for a batch that can never be stored; the caller rolls back."""
+    cache = cache if cache is not None else WriteCache()
+    preps: list[Prepared] = []
+    for i, b in enumerate(batches):
+        try:
+            preps.append(prepare(b) if isinstance(b, Batch) else b)
+        except BatchRejected as e:
+            e.index = i
+            raise
+    results: list[BatchResult | None] = [None] * len(preps)
+
+    # Dimensions every batch needs, even a duplicate (the ledger row references its node).
+    cids = _cluster_ids(conn, (p.batch.agent.cluster for p in preps), cache)
+    node_key = [(cids[p.batch.agent.cluster], p.batch.agent.node) for p in preps]
+    nids = _node_ids(conn, node_key, cache)
+
+    # Idempotency: the ledger insert decides which batches are new; a concurrent writer
+    # inserting the same key blocks here until it commits, then we see a conflict.
+    seen: dict[tuple[str, int], int] = {}
+    ledger: list[dict[str, Any]] = []
+    for i, p in enumerate(preps):
+        if p.key in seen:
+            results[i] = _dupe_result()
+            continue
+        seen[p.key] = i
+        ledger.append({"boot_id": p.key[0], "seq": p.key[1], "node_id": nids[node_key[i]],
+                       "received_at": now, "rows": p.n})
+    ledger.sort(key=lambda r: (r["boot_id"], r["seq"]))
+    new_keys: set[tuple[str, int]] = set()
+    if ledger:
+        new_keys = _ledger_insert(conn, ledger)
+    active: list[int] = []
+    for i, p in enumerate(preps):
+        if results[i] is None:
+            if p.key in new_keys:
+                active.append(i)
+            else:
+                results[i] = _dupe_result()
+    if not active:
+        return WriteResult([r for r in results if r is not None])
+
+    # Nodes seen now (one update per node, in id order).
+    node_seen: dict[int, tuple[float, str]] = {}
+    for i in active:
+        node_seen[nids[node_key[i]]] = (now, preps[i].batch.agent.version)
+    conn.execute(update(Node.__table__).where(Node.__table__.c.id == bindparam("nid"))
+                 .values(last_seen=bindparam("seen"), agent_version=bindparam("ver")),
+                 [{"nid": k, "seen": v[0], "ver": v[1] or None} for k, v in sorted(node_seen.items())])
+
+    # GPUs: those listed in the batch; a sample's GPU must be listed or already known for the node.
+    per_node: dict[int, dict[str, Any]] = {}
+    batch_of_node: dict[int, int] = {}
+    for i in active:
+        nid = nids[node_key[i]]
+        batch_of_node[nid] = i
+        d = per_node.setdefault(nid, {})
+        for g in preps[i].batch.gpus:
+            d[g.uuid] = g
+    gids = _gpu_ids(conn, per_node, now, cache, batch_of_node)
+    unknown = sorted({u for i in active for u in set(preps[i].gpu) if u not in gids})
+    if unknown:
+        t = Gpu.__table__
+        for uuid, pk, node_id in conn.execute(select(t.c.uuid, t.c.id, t.c.node_id).where(t.c.uuid.in_(unknown))):
+            gids[uuid] = pk
+            cache.gpus.setdefault(uuid, (pk, node_id, (), 0.0))
+    for i in active:
+        p = preps[i]
+        nid = nids[node_key[i]]
+        for r, u in enumerate(p.gpu):
+            hit = cache.gpus.get(u)
+            if u not in gids or (hit is not None and hit[1] != nid):
+                raise BatchRejected(f"samples.gpu[{r}]: GPU {u!r} is not listed in this batch's gpus "
+                                    f"and not known for node {p.batch.agent.node!r}", index=i)
+
+    # Jobs: described ones and the ones samples/allocations merely reference.
+    jobs: dict[tuple[int, str], Any] = {}
+    for i in active:
+        cid = cids[preps[i].batch.agent.cluster]
+        for jid in set(preps[i].job):
+            if jid is not None:
+                jobs.setdefault((cid, jid), None)
+        for a in preps[i].batch.allocations:
+            jobs.setdefault((cid, a.job_id), None)
+        for info in preps[i].batch.jobs:
+            jobs[(cid, info.job_id)] = info
+    jpks = _job_ids(conn, jobs, cache)
+
+    # Rows of every active batch as one set of arrays.
+    ts = np.concatenate([preps[i].ts for i in active])
+    gpu_pk = np.array([gids[u] for i in active for u in preps[i].gpu], dtype=np.int64)
+    job_pk = np.array([-1 if j is None else jpks[(cids[preps[i].batch.agent.cluster], j)]
+                       for i in active for j in preps[i].job], dtype=np.int64)
+    vals = np.concatenate([preps[i].vals for i in active], axis=1) if active else np.empty((NF, 0))
+
+    if len(ts) and conn.dialect.name == "postgresql":
+        _ensure_partitions_inline(conn, retention.days_of(ts))
+    _insert_samples(conn, ts, gpu_pk, job_pk, vals)
+
+    if len(ts):
+        k, b, n, lt, agg, carry = _rollup(gpu_pk, ts, vals, job_pk)
+        _upsert_rollup(conn, gpu_samples_1m, "gpu_pk", k, b, n, lt, agg, carry)
+        has_job = job_pk >= 0
+        if has_job.any():
+            k, b, n, lt, agg, _ = _rollup(job_pk[has_job], ts[has_job], vals[:, has_job], None)
+            _upsert_rollup(conn, job_samples_1m, "job_pk", k, b, n, lt, agg, None)
+        _touch_jobs(conn, job_pk, ts)
+
+    _allocations(conn, preps, active, cids, gids, jpks)
+    _events(conn, preps, active, nids, node_key, gids)
+
+    for i in active:
+        results[i] = BatchResult(preps[i].n, False)
+    return WriteResult([r for r in results if r is not None])
+
+
+def _ledger_insert(conn: Connection, ledger: list[dict[str, Any]]) -> set[tuple[str, int]]:
+    """Insert idempotency keys; returns those that were new (not stored before)."""
+    cols = ("boot_id", "seq", "node_id", "received_at", "rows")
+    vals = [[r[c] for r in ledger] for c in cols]
+    tail = "ON CONFLICT (boot_id, seq) DO NOTHING RETURNING boot_id, seq"
+    if conn.dialect.name == "postgresql":
+        sql = (f"INSERT INTO ingest_batches ({', '.join(cols)}) SELECT * FROM "
+               f"unnest(%s::text[], %s::int8[], %s::int4[], %s::float8[], %s::int4[]) {tail}")
+        rows = conn.exec_driver_sql(sql, tuple(vals)).all()
+    else:
+        rows = []
+        for i in range(0, len(ledger), 1000):  # SQLite caps bound variables per statement
+            part = ledger[i:i + 1000]
+            sql = f"INSERT INTO ingest_batches ({', '.join(cols)}) VALUES " \
+                  + ", ".join(["(?, ?, ?, ?, ?)"] * len(part)) + f" {tail}"
+            rows += conn.exec_driver_sql(sql, tuple(r[c] for r in part for c in cols)).all()
+    return {(b, int(q)) for b, q in rows}
+
+
+def _ensure_partitions_inline(conn: Connection, days: set[int]) -> None:
+    url = conn.engine.url.render_as_string(hide_password=True)
+    todo = retention.missing_days(url, days)
+    for table, day in todo:
+        name = retention.partition_name(table, day)
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": name})
+        conn.execute(text(f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF "{table}" '
+                          f"FOR VALUES FROM ({day}) TO ({day + retention.DAY})"))
+    # Marked known only by the caller's successful commit would be exact; marking now is
+    # safe because a rollback leaves "no partition for row" errors, on which the collector
+    # forgets the cache and retries.
+    with retention._known_lock:
+        for table, day in todo:
+            retention._known.add((url, table, day))
+
+
+def _touch_jobs(conn: Connection, job_pk: np.ndarray, ts: np.ndarray) -> None:
+    """start_ts / last_sample_ts from samples; a job sampled after it was marked ended runs again."""
+    m = job_pk >= 0
+    if not m.any():
+        return
+    jp, t = job_pk[m], ts[m]
+    order = np.argsort(jp, kind="stable")
+    jp, t = jp[order], t[order]
+    starts = np.flatnonzero(np.r_[True, jp[1:] != jp[:-1]])
+    lo, hi = np.minimum.reduceat(t, starts), np.maximum.reduceat(t, starts)
+    jt = Job.__table__
+    lo_p, hi_p = bindparam("lo"), bindparam("hi")
+    reopen = and_(jt.c.end_ts.is_not(None), hi_p > jt.c.end_ts)
+    conn.execute(
+        update(jt).where(jt.c.id == bindparam("pk")).values(
+            start_ts=case((or_null_or_gt(jt.c.start_ts, lo_p), lo_p), else_=jt.c.start_ts),
+            last_sample_ts=case((or_null_or_lt(jt.c.last_sample_ts, hi_p), hi_p), else_=jt.c.last_sample_ts),
+            state=case((reopen, literal_column("'running'")), else_=jt.c.state),
+            end_ts=case((reopen, None), else_=jt.c.end_ts),
+        ),
+        [{"pk": int(p), "lo": float(a), "hi": float(b)} for p, a, b in zip(jp[starts], lo, hi, strict=True)],
+    )
+
+
+def or_null_or_gt(col: Any, v: Any) -> Any:
+    return col.is_(None) | (col > v)
+
+
+def or_null_or_lt(col: Any, v: Any) -> Any:
+    return col.is_(None) | (col < v)
+
+
+def _allocations(conn: Connection, preps: list[Prepared], active: list[int], cids: dict[str, int],
+                 gids: dict[str, int], jpks: dict[tuple[int, str], int]) -> None:
+    """Open/close allocations as each GPU's job changes (from samples, ordered by time)."""
+    runs: dict[int, list[tuple[float, int | None]]] = {}  # gpu_pk -> [(ts, job_pk or None)] at changes
+    since: dict[tuple[int, int], float] = {}
+    for i in active:
+        p = preps[i]
+        cid = cids[p.batch.agent.cluster]
+        for a in p.batch.allocations:
+            if a.gpu_uuid in gids and math.isfinite(a.since):
+                since[(gids[a.gpu_uuid], jpks[(cid, a.job_id)])] = a.since
+        if not p.n:
+            continue
+        order = np.lexsort((p.ts, np.array([gids[u] for u in p.gpu])))
+        prev: tuple[int, int | None] | None = None
+        for r in order.tolist():
+            g = gids[p.gpu[r]]
+            j = p.job[r]
+            jp = None if j is None else jpks[(cid, j)]
+            if prev is None or prev != (g, jp):
+                runs.setdefault(g, []).append((float(p.ts[r]), jp))
+                prev = (g, jp)
+    if not runs:
+        return
+    at = Allocation.__table__
+    open_rows = {g: (aid, jp, st) for aid, g, jp, st in conn.execute(
+        select(at.c.id, at.c.gpu_pk, at.c.job_pk, at.c.start_ts)
+        .where(at.c.end_ts.is_(None), at.c.gpu_pk.in_(sorted(runs))).order_by(at.c.gpu_pk, at.c.start_ts))}
+    closes: list[dict[str, Any]] = []
+    opens: list[dict[str, Any]] = []
+    for g in sorted(runs):
+        seq = sorted(runs[g], key=lambda x: x[0])
+        cur = open_rows.get(g)  # (alloc id or None for a new one, job_pk, start)
+        for t0, jp in seq:
+            if cur is not None and t0 < cur[2]:
+                continue  # an old batch arriving late: it cannot rewrite the GPU's history
+            if cur is not None and cur[1] == jp:
+                continue
+            if cur is not None:
+                if cur[0] is not None:
+                    closes.append({"aid": cur[0], "end": t0})
+                else:
+                    opens[-1]["end_ts"] = t0
+                cur = None
+            if jp is not None:
+                start = min(since.get((g, jp), t0), t0)
+                opens.append({"job_pk": jp, "gpu_pk": g, "start_ts": start, "end_ts": None})
+                cur = (None, jp, start)
+    if closes:
+        conn.execute(update(at).where(at.c.id == bindparam("aid")).values(end_ts=bindparam("end")), closes)
+    if opens:
+        conn.execute(at.insert(), opens)
+
+
+def _events(conn: Connection, preps: list[Prepared], active: list[int], nids: dict[tuple[int, str], int],
+            node_key: list[tuple[int, str]], gids: dict[str, int]) -> None:
+    rows = [{"ts": e.ts, "node_id": nids[node_key[i]], "gpu_pk": gids.get(e.gpu_uuid) if e.gpu_uuid else None,
+             "kind": e.kind, "code": e.code, "message": e.message}
+            for i in active for e in preps[i].batch.events]
+    if rows:
+        conn.execute(Event.__table__.insert(), rows)
+
+
+def close_stale_jobs(conn: Connection, now: float, stale_after: float = STALE_JOB_S) -> int:
+    """Mark running jobs that no node has reported for ``stale_after`` seconds as ended (at
+    their last sample) and close their open allocations. Returns how many jobs ended."""
+    jt, at = Job.__table__, Allocation.__table__
+    cutoff = now - stale_after
+    last = jt.c.last_sample_ts
+    stale = select(jt.c.id).where(jt.c.state == "running",
+                                  ((last.is_not(None)) & (last < cutoff))
+                                  | (last.is_(None) & jt.c.start_ts.is_not(None) & (jt.c.start_ts < cutoff)))
+    ids = sorted(conn.execute(stale).scalars().all())
+    if not ids:
+        return 0
+    for chunk in (ids[i:i + 1000] for i in range(0, len(ids), 1000)):
+        conn.execute(update(jt).where(jt.c.id.in_(chunk), jt.c.state == "running")
+                     .values(state="ended", end_ts=case((last.is_(None), jt.c.start_ts), else_=last)))
+        end = select(jt.c.end_ts).where(jt.c.id == at.c.job_pk).scalar_subquery()
+        conn.execute(update(at).where(at.c.job_pk.in_(chunk), at.c.end_ts.is_(None)).values(end_ts=end))
+    return len(ids)

@@ -1,0 +1,131 @@
+"""Block Kit rendering: escaping of user-controlled text and Block Kit limits, for any input."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from gpufleet.alerts.config import FLAG_KINDS, AlertConfig
+from gpufleet.alerts.decide import Notification
+from gpufleet.alerts.escape import code, esc, truncate
+from gpufleet.alerts.facts import FlagFact, JobFacts
+from gpufleet.alerts.render import fit_limits, render_digest, render_job, render_sample
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+NOW = 1_800_000_000.0
+CFG = AlertConfig(default_webhook="http://x", base_url="https://fleet.example", grafana_url="https://grafana.example",
+                  price_per_gpu_hour=2.5, mentions={"alice": "U012AB3CD"})
+EVIL = "<!channel> <@U999> <https://evil.example|click me> @here &amp; `x` *b* \x00\x1b"
+
+
+def all_mrkdwn(payload: dict[str, Any]) -> list[str]:
+    out = [payload["text"]]
+    for b in payload["blocks"]:
+        if isinstance(b.get("text"), dict) and b["text"].get("type") == "mrkdwn":
+            out.append(b["text"]["text"])
+        for f in b.get("fields", []):
+            out.append(f["text"])
+        for e in b.get("elements", []):
+            if e.get("type") == "mrkdwn":
+                out.append(e["text"])
+    return out
+
+
+def assert_limits(p: dict[str, Any]) -> None:
+    assert len(p["blocks"]) <= 50
+    assert p["text"] and len(p["text"]) <= 3000
+    for b in p["blocks"]:
+        if b["type"] == "header":
+            assert len(b["text"]["text"]) <= 150 and b["text"]["type"] == "plain_text"
+        elif b["type"] == "section":
+            if "text" in b:
+                assert len(b["text"]["text"]) <= 3000
+            assert len(b.get("fields", [])) <= 10
+            assert all(len(f["text"]) <= 2000 for f in b.get("fields", []))
+        elif b["type"] == "context":
+            assert len(b["elements"]) <= 10
+
+
+def job(name: str = "train", user: str = "alice", flags: tuple[FlagFact, ...] = (), **kw: Any) -> JobFacts:
+    base: dict[str, Any] = dict(job_pk=7, cluster="prod", job_id="4242", user=user, name=name, account="nlp",
+                                partition="gpu", start_ts=NOW - 7200, n_gpus=8, nodes=("node-a", "node-b"),
+                                gpu_models=("H100",), goodput_score=0.42, allocated_gpu_hours=16,
+                                wasted_gpu_hours_total=9.3,
+                                flags=flags or (FlagFact("idle_gpu", "node-a", "critical", 4.0, {"sm": 0.0},
+                                                         "Free it"),))
+    base.update(kw)
+    return JobFacts(**base)
+
+
+def note(kinds: tuple[str, ...] = ("idle_gpu",), event: str = "firing") -> Notification:
+    return Notification(event, 1, "gpufleet:job:7:1", "http://x", kinds, kinds, ())
+
+
+def test_message_content() -> None:
+    p = render_job(CFG, job(), note(), NOW)
+    text = json.dumps(p)
+    for want in ("4242", "<@U012AB3CD>", "8 x H100", "node-a", "2h 0m", "42%", "Idle GPUs", "Free it",
+                 "9.3 of 16.0 GPU-h", "23.25 USD", "https://fleet.example/jobs/4242?cluster=prod", "https://grafana.example/d/",
+                 "var-job=7", "gpufleet:job:7:1"):
+        assert want in text, want
+    assert p["unfurl_links"] is False
+    assert_limits(p)
+
+
+def test_injection_through_job_name_user_and_evidence_is_neutralised() -> None:
+    f = FlagFact("input_stall", EVIL, "warning", 2.0, {EVIL: EVIL, "n": 3}, EVIL)
+    p = render_job(CFG, job(name=EVIL, user=EVIL, account=EVIL, partition=EVIL, cluster=EVIL, job_id=EVIL,
+                            nodes=(EVIL,), flags=(f,)), note(("input_stall",)), NOW)
+    for t in all_mrkdwn(p):
+        assert "<!channel>" not in t and "<@U999>" not in t and "<https://evil" not in t
+        assert "@here" not in t.replace("@\u200bhere", "")
+        # the only links and mentions left are ours
+        for m in re.findall(r"<([^>]*)>", t):
+            assert m.startswith(("https://fleet.example", "https://grafana.example", "@U012AB3CD")), m
+    header = p["blocks"][0]["text"]
+    assert header["type"] == "plain_text" and "\x00" not in header["text"]
+
+
+def test_escape_primitives() -> None:
+    assert esc("a<b>&c") == "a&lt;b&gt;&amp;c"
+    assert esc("@channel hi") == "@\u200bchannel hi"
+    assert code("x`y") == "`xˋy`"
+    assert truncate("abc&amp;def", 6) == "abc…"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.text(max_size=5000),
+    user=st.text(max_size=300),
+    ev=st.dictionaries(st.text(max_size=50), st.one_of(st.text(max_size=2000), st.floats(allow_nan=True),
+                                                       st.integers()), max_size=30),
+    sugg=st.text(max_size=6000),
+    n_scopes=st.integers(0, 40),
+)
+def test_limits_hold_for_any_input(name: str, user: str, ev: dict[str, Any], sugg: str, n_scopes: int) -> None:
+    flags = tuple(FlagFact(k, f"node-{i}" if n_scopes else "", "warning", 1.5, ev, sugg)
+                  for k in FLAG_KINDS for i in range(max(1, n_scopes)))
+    p = render_job(CFG, job(name=name, user=user, flags=flags, nodes=tuple(f"n{i}" for i in range(n_scopes))),
+                   note(FLAG_KINDS), NOW)
+    assert_limits(p)
+    assert len(json.dumps(p)) < 60_000  # 10 flag kinds at most: well under the 50-block worst case
+    for t in all_mrkdwn(p):
+        assert "<!" not in t
+
+
+def test_fit_limits_cuts_blocks_and_text() -> None:
+    p = fit_limits({"text": "x" * 50_000, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "y" * 9000}}
+                                                    for _ in range(80)]})
+    assert_limits(p)
+    assert "more block" in json.dumps(p["blocks"][-1])
+
+
+def test_sample_and_digest_render_within_limits() -> None:
+    assert_limits(render_sample(CFG, NOW))
+    teams = [(f"team{i}<!here>", 100.0 - i, [{"job_id": str(j), "user": "alice", "name": EVIL, "wasted": 3.0,
+                                                "score": 0.2} for j in range(5)]) for i in range(80)]
+    p = render_digest(CFG, teams, "2027-01-15")
+    assert_limits(p)
+    assert all("<!here>" not in t for t in all_mrkdwn(p))
