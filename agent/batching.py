@@ -128,7 +128,8 @@ class Journal:
         self._write(_enc.encode(part))
 
     def _write(self, data: bytes) -> None:
-        assert self._f is not None, "journal not started"
+        if self._f is None:
+            raise OSError(f"journal {self.path} is not open")
         self._f.write(_LEN.pack(len(data)) + data)
         self._f.flush()  # into the page cache: survives the process being killed
 

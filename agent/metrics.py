@@ -93,6 +93,8 @@ class AgentMetrics:
                                        registry=r)
         self.dropped_rows = Counter("gpufleet_agent_rows_dropped", "Rows dropped because the spool was full.",
                                     registry=r)
+        self.disk_errors = Counter("gpufleet_agent_disk_errors", "Failed writes to the journal or spool (disk full, "
+                                   "permissions).", ["what"], registry=r)
         self.spool_batches = Gauge("gpufleet_agent_spool_batches", "Batches waiting in the spool.", registry=r)
         self.spool_bytes = Gauge("gpufleet_agent_spool_bytes", "Bytes used by the spool.", registry=r)
         self.source_errors = Gauge("gpufleet_agent_source_errors",

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 DEVICES_TTL_S = 30.0  # re-enumerate GPUs this often (hot-plug, MIG reconfiguration)
 SHUTDOWN_DRAIN_S = 5.0
+MAX_OPEN_BATCHES = 10  # flush intervals of rows kept in memory while the disk refuses them
 
 
 class Enricher(Protocol):
@@ -60,7 +61,7 @@ class Agent:
         self.clock = clock
         # The simulator carries its own ground truth; reading this host's /proc for it would be wrong.
         if attributors is None:
-            attributors = [] if getattr(source, "name", "") == "simulator" else build_attributors(config)
+            attributors = [] if getattr(source, "name", "") == "simulator" else build_attributors(config, source)
         self.attributors = attributors
         self.enrichers = list(enrichers) if enrichers is not None else default_enrichers(config, source)
         self.metrics = metrics or AgentMetrics(config.node, dcgm_names=config.metrics_dcgm_names)
@@ -77,6 +78,7 @@ class Agent:
         self._devices_at = -1e18
         self._alloc_since: dict[tuple[str, str], float] = {}
         self._started = False
+        self._last_disk_log = -1e18
         self.last: Sample | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -182,11 +184,15 @@ class Agent:
             since = self._alloc_since.get((gpu, job_id))
             if since is None:
                 start = info.start_ts
-                since = self._alloc_since[(gpu, job_id)] = start if start is not None and 946684800 < start <= now else now
+                ok = start is not None and 946684800 < start <= now  # the collector refuses others
+                since = self._alloc_since[(gpu, job_id)] = start if ok else now  # type: ignore[assignment]
             allocations.append(Allocation(gpu_uuid=gpu, job_id=job_id, since=since))
         assert self._open is not None
         part = self._open.new_part(now, rows, s.devices, jobs.values(), allocations, s.events)
-        self.journal.append(part)
+        try:
+            self.journal.append(part)
+        except OSError as e:  # disk full or gone: keep sampling, the spool write will say more
+            self._disk_error("journal", e)
         self._open.add(part)
         m = self.metrics
         m.cycles.inc()
@@ -206,19 +212,45 @@ class Agent:
         self.seq += 1
         self._open = OpenBatch(info, started=self.clock())
         self._open_started_m = time.monotonic()
-        self.journal.start(info)
+        try:
+            self.journal.start(info)
+        except OSError as e:
+            self._disk_error("journal", e)
 
     def flush(self) -> bool:
-        """Close the open batch into the spool (durably) and open the next; False if empty."""
+        """Close the open batch into the spool (durably) and open the next; False if empty
+        or the disk refused it (the batch then stays open and is tried again next time)."""
         if self._open is None or self._open.empty():
             if self._open is not None:
                 self._open_started_m = time.monotonic()
             return False
-        self._spool(self._open)
+        try:
+            self._spool(self._open)
+        except OSError as e:
+            self._disk_error("spool", e)
+            self._open_started_m = time.monotonic()
+            if self._open.n_rows > MAX_OPEN_BATCHES * self._rows_per_flush():
+                # Bounded memory: give up on this batch, counted like a full spool.
+                self.metrics.dropped(1, self._open.n_rows)
+                log.error("dropping %d rows held in memory: the spool has refused them for %d flushes",
+                          self._open.n_rows, MAX_OPEN_BATCHES)
+                self._open_batch()
+            return False
         self._open_batch()  # truncates the journal: the batch is safe in the spool now
         self._update_spool_gauges()
         self.sender.wake.set()
         return True
+
+    def _rows_per_flush(self) -> int:
+        return max(1, int(self.config.flush_s / self.config.interval_s)) * max(1, len(self._devices))
+
+    def _disk_error(self, what: str, e: OSError) -> None:
+        self.metrics.disk_errors.labels(what).inc()
+        now = time.monotonic()
+        if now - self._last_disk_log > 60:
+            self._last_disk_log = now
+            log.error("cannot write the %s under %s (%s): keeping rows in memory and retrying; free space or "
+                      "fix permissions", what, self.config.spool_dir, e)
 
     def _spool(self, ob: OpenBatch) -> None:
         batch = ob.build(sent_at=self.clock())

@@ -87,6 +87,22 @@ def _gpu_offset(ctx: GpuContext) -> tuple[float, float]:
     return r.gauss(0.0, 0.012), r.gauss(0.0, 8.0)
 
 
+_DRIFT: dict[int, list[tuple[float, float, float]]] = {}
+
+
+def _drift(ctx: GpuContext) -> float:
+    """Slow multiplicative drift of a job's intensity (data mix, sequence lengths, thermal
+    state): three sinusoids of 4-90 minutes, a few percent each, drawn per job."""
+    d = _DRIFT.get(ctx.job_seed)
+    if d is None:
+        if len(_DRIFT) > 20000:
+            _DRIFT.clear()
+        r = random.Random(f"drift/{ctx.job_seed}")
+        d = [(r.uniform(0.0, 0.035), r.uniform(240, 5400), r.uniform(0, 2 * math.pi)) for _ in range(3)]
+        _DRIFT[ctx.job_seed] = d
+    return 1.0 + sum(a * math.sin(2 * math.pi * ctx.t / p + ph) for a, p, ph in d)
+
+
 def _noise(rng: random.Random, x: float, sd: float, lo: float = 0.0, hi: float = 1.0) -> float:
     return min(hi, max(lo, rng.gauss(x, sd)))
 
@@ -98,7 +114,9 @@ def _base(ctx: GpuContext, *, sm: float, occ: float, tensor: float, dram: float,
     r = ctx.rng
     g = r.gauss
     sm_off, clk_off = _gpu_offset(ctx)
-    sm_v = min(1.0, max(0.0, g(sm + (sm_off if sm > 0.05 else 0.0), sd)))
+    if sm > 0.05:
+        sm = sm * _drift(ctx) + sm_off
+    sm_v = min(1.0, max(0.0, g(sm, sd)))
     busy = sm_v > 0.02
     scale = sm_v / sm if sm > 0.02 else 0.0  # secondary pipes follow the SM activity's noise
     return {
@@ -145,7 +163,10 @@ def _background(ctx: GpuContext, d: dict[str, float], p: dict[str, Any]) -> dict
 
 
 def _healthy_extras(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
-    return {"eval_every": r.uniform(2400, 4800), "eval_len": r.uniform(120, 720), "eval_k": r.uniform(0.35, 0.6),
+    # One node a few percent slower (older firmware, warmer rack) in 30% of jobs: real, and
+    # under the straggler threshold (10%), so it must not flag.
+    return {"slow_node_k": r.uniform(0.93, 0.97) if r.random() < 0.3 else 1.0,
+            "eval_every": r.uniform(2400, 4800), "eval_len": r.uniform(120, 720), "eval_k": r.uniform(0.35, 0.6),
             "app_xid": r.choice([13, 31, 43]) if r.random() < 0.15 else 0, "app_xid_at": r.uniform(60, 2400),
             "sbe": r.choice([0, 0, 0, 3, 12]), "sbe_rate": r.choice([0, 0, 1, 4]), "crc": r.choice([0, 0, 2, 20, 60])}
 
@@ -160,6 +181,14 @@ def _busy_overlap(t: float, width: float, period: float, busy: float, phase: flo
         return k * busy + min(rem, busy)
 
     return (cum(b) - cum(a)) / width if width > 0 else 0.0
+
+
+def _slow_node(ctx: GpuContext, p: dict[str, Any]) -> tuple[float, float]:
+    """(clock factor, SM factor): node 0 runs at ``slow_node_k`` clock, the others wait for it."""
+    k = p.get("slow_node_k", 1.0)
+    if k >= 1.0 or ctx.n_nodes < 2:
+        return 1.0, 1.0
+    return (k, 1.0) if ctx.node_rank == 0 else (1.0, k)
 
 
 def _step_dip(ctx: GpuContext, p: dict[str, Any]) -> float:
@@ -179,17 +208,18 @@ def _draw_llm(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
     return {"sm": r.uniform(0.84, 0.96), "tensor": r.uniform(0.38, 0.68), "occ": r.uniform(0.3, 0.5),
             "dram": r.uniform(0.35, 0.55), "fb": r.uniform(55, 78), "power": r.uniform(600, 690),
             "nvl": r.uniform(0.15, 0.45) * NVLINK_BW, "ib": r.uniform(0.2, 0.5) * IB_BW,
-            "clock": r.uniform(1720, 1930) if capped else MAX_SM_CLOCK, "reasons": 0x4 if capped else 0,
+            "clock": r.uniform(1700, 1930) if capped else MAX_SM_CLOCK, "reasons": 0x4 if capped else 0,
             "ckpt_every": r.uniform(900, 2400), "ckpt_len": r.uniform(15, 90), "dip": r.uniform(0.02, 0.12),
             **_healthy_extras(r, ctx)}
 
 
 def llm_pretrain(ctx: GpuContext) -> dict[str, float]:
     p = _params("llm_pretrain", ctx, _draw_llm)
-    k = _step_dip(ctx, p)
+    ck, sk = _slow_node(ctx, p)
+    k = _step_dip(ctx, p) * sk
     d = _base(ctx, sm=p["sm"] * k, occ=p["occ"], tensor=p["tensor"], dram=p["dram"], fb_gib=p["fb"],
               power=p["power"], nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0, ib=p["ib"] if ctx.n_nodes > 1 else 0.0,
-              fp16=0.05, clock=p["clock"], reasons=p["reasons"])
+              fp16=0.05, clock=p["clock"] * ck, reasons=p["reasons"])
     return _background(ctx, d, p)
 
 
@@ -212,7 +242,7 @@ def vision_train(ctx: GpuContext) -> dict[str, float]:
 
 
 def _draw_infer(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
-    return {"sm": r.uniform(0.55, 0.85), "tensor": r.uniform(0.15, 0.4), "occ": r.uniform(0.25, 0.45),
+    return {"sm": r.uniform(0.53, 0.85), "tensor": r.uniform(0.15, 0.4), "occ": r.uniform(0.25, 0.45),
             "dram": r.uniform(0.55, 0.8), "fb": r.uniform(30, 72), "power": r.uniform(420, 560),
             "wave": r.uniform(600, 1800), "amp": r.uniform(0.0, 0.1), **_healthy_extras(r, ctx)}
 
@@ -237,8 +267,10 @@ def _draw_dp(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
 def multinode_dp(ctx: GpuContext) -> dict[str, float]:
     # Data parallel over InfiniBand: the network is busy but well below its capacity.
     p = _params("multinode_dp", ctx, _draw_dp)
-    d = _base(ctx, sm=p["sm"] * _step_dip(ctx, p), occ=p["occ"], tensor=p["tensor"], dram=p["dram"],
-              fb_gib=p["fb"], power=p["power"], nvlink=p["nvl"], ib=p["ib"] if ctx.n_nodes > 1 else 0.0)
+    ck, sk = _slow_node(ctx, p)
+    d = _base(ctx, sm=p["sm"] * _step_dip(ctx, p) * sk, occ=p["occ"], tensor=p["tensor"], dram=p["dram"],
+              fb_gib=p["fb"], power=p["power"], nvlink=p["nvl"], ib=p["ib"] if ctx.n_nodes > 1 else 0.0,
+              clock=MAX_SM_CLOCK * ck)
     return _background(ctx, d, p)
 
 
@@ -279,7 +311,7 @@ def idle_gpu(ctx: GpuContext) -> dict[str, float]:
 
 
 def _draw_low(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
-    sm = r.uniform(0.16, 0.44)
+    sm = r.uniform(0.16, 0.47)
     return {"sm": sm, "occ": sm * r.uniform(0.2, 0.4), "tensor": sm * r.uniform(0.1, 0.5), "fb": r.uniform(14, 60),
             "power": 120 + 500 * sm}
 
@@ -337,7 +369,7 @@ def comm_bound(ctx: GpuContext) -> dict[str, float]:
 def _draw_strag(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
     node_level = ctx.n_nodes > 1 and r.random() < 0.5
     cause = r.choice(["thermal", "thermal", "power_brake", "host"])  # host: CPU contention, clocks normal
-    speed = r.uniform(0.55, 0.88)  # the straggler's speed relative to its peers
+    speed = r.uniform(0.55, 0.9)  # the straggler's speed relative to its peers
     return {"node_level": node_level, "slow_node": r.randrange(max(1, ctx.n_nodes)),
             "slow_rank": r.randrange(ctx.n_gpus), "cause": cause, "speed": speed,
             "sm": r.uniform(0.85, 0.97), "tensor": r.uniform(0.35, 0.6), "fb": r.uniform(50, 76)}
@@ -372,7 +404,7 @@ def memory_underuse(ctx: GpuContext) -> dict[str, float]:
 
 
 def _draw_thr(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
-    return {"clock": r.uniform(880, 1640), "reasons": r.choice([0x4 | 0x80, 0x40 | 0x8, 0x20, 0x8]),
+    return {"clock": r.uniform(880, 1660), "reasons": r.choice([0x4 | 0x80, 0x40 | 0x8, 0x20, 0x8]),
             "sm": r.uniform(0.8, 0.95), "tensor": r.uniform(0.3, 0.6), "fb": r.uniform(30, 76)}
 
 

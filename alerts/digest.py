@@ -11,6 +11,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from sqlalchemy import Engine, or_, select
+from sqlalchemy.exc import IntegrityError
+
 from gpufleet.alerts import outbox
 from gpufleet.alerts.config import AlertConfig
 from gpufleet.alerts.decide import route_for
@@ -18,8 +21,6 @@ from gpufleet.alerts.facts import JobFacts
 from gpufleet.alerts.render import render_digest
 from gpufleet.storage.alert_models import AlertOutbox
 from gpufleet.storage.models import Cluster, Job, JobReport
-from sqlalchemy import Engine, or_, select
-from sqlalchemy.exc import IntegrityError
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +78,15 @@ def enqueue_digest(engine: Engine, config: AlertConfig, now: float) -> list[int]
         rows = [(JobFacts(job_pk=r.id, cluster=r.cl, job_id=r.job_id, user=r.user, name=r.name, account=r.account,
                           partition=r.partition, goodput_score=r.goodput_score), float(r.wasted_gpu_hours))
                 for r in c.execute(q)]
-    ids = []
-    for hook, teams in group_digest(rows, config).items():
-        if not teams:
-            continue
-        try:
-            with engine.begin() as c:
-                ids.append(outbox.enqueue(c, key=digest_key(day, hook), event="digest", webhook=hook,
-                                          payload=render_digest(config, teams, day), now=now))
-        except IntegrityError:
-            log.info("digest %s for one webhook already queued", day)
+    ids: list[int] = []
+    try:
+        # one transaction for all webhooks: the "already queued today" check above stays exact
+        with engine.begin() as c:
+            for hook, teams in group_digest(rows, config).items():
+                if teams:
+                    ids.append(outbox.enqueue(c, key=digest_key(day, hook), event="digest", webhook=hook,
+                                              payload=render_digest(config, teams, day), now=now))
+    except IntegrityError:
+        log.info("digest %s already queued by another evaluator", day)
+        return []
     return ids

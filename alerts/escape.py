@@ -54,8 +54,3 @@ def truncate(s: str, limit: int) -> str:
         cut = cut[:amp]
     return cut + "…"
 
-
-def link(url: str, label: str) -> str:
-    """A mrkdwn link to a URL we built ourselves (only the label may carry user text)."""
-    safe_url = url.replace("<", "%3C").replace(">", "%3E").replace("|", "%7C").replace(" ", "%20")
-    return f"<{safe_url}|{esc(label).replace('|', '¦')}>"

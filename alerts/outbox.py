@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Connection, Engine, and_, insert, or_, select, update
+
 from gpufleet.alerts.config import AlertConfig
 from gpufleet.alerts.ratelimit import Limiter, bucket_key
 from gpufleet.alerts.transport import Transport, classify, slack_post
 from gpufleet.storage.alert_models import AlertOutbox
-from sqlalchemy import Connection, Engine, and_, insert, or_, select, update
 
 log = logging.getLogger(__name__)
 T = AlertOutbox.__table__

@@ -8,9 +8,10 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from pydantic import BaseModel, Field
+
 from gpufleet.alerts import silences as sil
 from gpufleet.alerts.config import ConfigError, parse_duration
-from pydantic import BaseModel, Field
 
 router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
 

@@ -10,13 +10,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from sqlalchemy import Engine
+
 from gpufleet.alerts import outbox, store
 from gpufleet.alerts.config import AlertConfig, load_config
 from gpufleet.alerts.decide import decide_job, faulty_nodes
 from gpufleet.alerts.digest import enqueue_digest
 from gpufleet.alerts.ratelimit import Limiter, MemoryLimiter
 from gpufleet.alerts.transport import Transport, slack_post
-from sqlalchemy import Engine
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Engine, insert, select, update
+
 from gpufleet.alerts.config import FLAG_KINDS
 from gpufleet.storage.alert_models import Alert, AlertOutbox, AlertSilence
 from gpufleet.storage.models import Cluster, Job
-from sqlalchemy import Engine, insert, select, update
 
 S, A, OB = AlertSilence.__table__, Alert.__table__, AlertOutbox.__table__
 MAX_SILENCE_S = 90 * 86400.0  # a forgotten silence must not hide a job forever

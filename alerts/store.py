@@ -6,6 +6,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
 from gpufleet.alerts import outbox
 from gpufleet.alerts.config import AlertConfig
 from gpufleet.alerts.decide import JobDecision, summarize
@@ -13,8 +16,6 @@ from gpufleet.alerts.facts import AlertState, FlagFact, GroupState, JobFacts, Si
 from gpufleet.alerts.render import render_job
 from gpufleet.storage.alert_models import Alert, AlertGroup, AlertSilence
 from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobReport, Node
-from sqlalchemy import Engine, func, insert, select, update
-from sqlalchemy.exc import IntegrityError
 
 log = logging.getLogger(__name__)
 A, G, S = Alert.__table__, AlertGroup.__table__, AlertSilence.__table__
@@ -169,9 +170,4 @@ def apply_decision(engine: Engine, job: JobFacts, d: JobDecision, group: GroupSt
 
 class _Lost(Exception):
     """The optimistic update of the job's message counter lost a race."""
-
-
-def counts_by_state(engine: Engine) -> dict[str, int]:
-    with engine.connect() as c:
-        return dict(c.execute(select(A.c.state, func.count()).group_by(A.c.state)).all())  # type: ignore[arg-type]
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from celery import shared_task
+from sqlalchemy import Engine
+
 from gpufleet.alerts.config import AlertConfig, load_config
 from gpufleet.alerts.ratelimit import Limiter, MemoryLimiter, RedisLimiter
-from sqlalchemy import Engine
 
 log = logging.getLogger(__name__)
 

@@ -133,20 +133,24 @@ def minute_features(
         return out
 
     counts = np.diff(np.append(starts, len(key))).astype(np.float64)
+    n_mask = np.zeros((n_gpus, m_total), dtype=bool)
+    n_mask[gi, mi] = True
     out: dict[str, np.ndarray] = {}
     for feat, name in MEAN_OF.items():
         x = col(name)
-        ok = ~np.isnan(x)
-        s = _segment_sum(np.where(ok, x, 0.0), starts)
-        c = _segment_sum(ok.astype(np.float64), starts)
+        nan = np.isnan(x)
+        if not nan.any():  # the common case: one pass, no masking
+            out[feat] = place(_segment_sum(x, starts) / counts)
+            continue
+        s = _segment_sum(np.where(nan, 0.0, x), starts)
+        c = _segment_sum((~nan).astype(np.float64), starts)
         with np.errstate(invalid="ignore", divide="ignore"):
             out[feat] = place(np.where(c > 0, s / np.maximum(c, 1), np.nan))
-    for feat, name in MAX_OF.items():
-        x = col(name)
-        out[feat] = place(np.fmax.reduceat(x, starts))
-    for feat, name in MIN_OF.items():
-        x = col(name)
-        out[feat] = place(np.fmin.reduceat(x, starts))
+    for table, ufunc in ((MAX_OF, np.fmax), (MIN_OF, np.fmin)):
+        for feat, name in table.items():
+            x = col(name)
+            # Error counters are almost always all zero: skip the reduction then.
+            out[feat] = np.where(n_mask, 0.0, np.nan) if not x.any() else place(ufunc.reduceat(x, starts))
 
     sm = col("sm_active")
     sm_ok = ~np.isnan(sm)
@@ -173,8 +177,12 @@ def minute_features(
         nthr = _segment_sum(thr.astype(np.float64), starts)
         out["throttle_frac"] = place(np.where(nrb > 0, nthr / np.maximum(nrb, 1), np.nan))
     xid = col("xid_last")
-    crit = np.where(np.isin(np.nan_to_num(xid).astype(np.int64), np.asarray(critical_xids, dtype=np.int64)), xid, 0.0)
-    out["xid_crit"] = place(np.fmax.reduceat(crit, starts))
+    if not xid.any():
+        out["xid_crit"] = np.where(n_mask, 0.0, np.nan)
+    else:
+        codes = np.nan_to_num(xid).astype(np.int64)
+        crit = np.where(np.isin(codes, np.asarray(critical_xids, dtype=np.int64)), xid, 0.0)
+        out["xid_crit"] = place(np.fmax.reduceat(crit, starts))
     out["nb"] = place(nb)
 
     n = np.zeros((n_gpus, m_total))

@@ -121,22 +121,28 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     mfu = {"estimate": _r(tensor_mean), "achieved_tflops": achieved,
            "peak_tflops": _r(peak * g, 1) if peak else None, "peak_tflops_per_gpu": peak, "basis": MFU_BASIS}
 
+    def gpu_means(feat: str, weight: np.ndarray) -> list[float | None]:
+        x = feats.f[feat]
+        ok = ~np.isnan(x) & (weight > 0)
+        w = np.where(ok, weight, 0.0).sum(axis=1)
+        s = np.where(ok, x * weight, 0.0).sum(axis=1)
+        return [float(s[i] / w[i]) if w[i] > 0 else None for i in range(g)]
+
+    cols = {k: gpu_means(f, n) for k, f in (("sm", "sm"), ("tensor", "tensor"), ("dram", "dram"), ("occ", "occ"),
+                                            ("power", "power"), ("clock", "clock"))}
+    cols["clock_busy"] = gpu_means("clock_busy", np.nan_to_num(feats.f["nb"]))
+    fbm = feats.f["fb_used_max"]
+    fb_max = [float(np.nanmax(fbm[i])) if fbm.shape[1] and np.any(~np.isnan(fbm[i])) else None for i in range(g)]
+    samples = n.sum(axis=1) if n.size else np.zeros(g)
     per_gpu = []
     for i in range(g):
-        ni = n[i] if n.size else np.zeros(0)
-
-        def m(feat: str, i: int = i, ni: np.ndarray = ni) -> float | None:
-            return _r(_weighted_mean(feats.f[feat][i], ni), 4) if ni.size else None
-
-        clock = m("clock_busy")
-        fb = feats.f["fb_used_max"][i] if n.size else np.zeros(0)
+        clock = cols["clock_busy"][i] if cols["clock_busy"][i] is not None else cols["clock"][i]
         per_gpu.append({
             "gpu_uuid": meta.gpu_uuids[i], "node": meta.gpu_nodes[i], "index": meta.gpu_indexes[i],
-            "sm_active_mean": m("sm"), "tensor_active_mean": m("tensor"), "dram_active_mean": m("dram"),
-            "sm_occupancy_mean": m("occ"), "power_w_mean": _r(m("power"), 1),
-            "sm_clock_mhz_mean": _r(clock, 1) if clock is not None else _r(m("clock"), 1),
-            "fb_used_bytes_max": _r(np.nanmax(fb), 0) if fb.size and np.any(~np.isnan(fb)) else None,
-            "samples": int(ni.sum()) if ni.size else 0,
+            "sm_active_mean": _r(cols["sm"][i]), "tensor_active_mean": _r(cols["tensor"][i]),
+            "dram_active_mean": _r(cols["dram"][i]), "sm_occupancy_mean": _r(cols["occ"][i]),
+            "power_w_mean": _r(cols["power"][i], 1), "sm_clock_mhz_mean": _r(clock, 1),
+            "fb_used_bytes_max": _r(fb_max[i], 0), "samples": int(samples[i]),
         })
 
     active_hours = allocated * active_share if active_share is not None else 0.0

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport, Node
 from sqlalchemy import Engine, and_, exists, or_, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
+
+from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport, Node
 
 from .config import Thresholds, load_thresholds
 from .features import RAW_FIELDS, MinuteFeatures, add_histograms, histograms, minute_features
@@ -158,8 +159,9 @@ def _update_state(conn: Connection, job_pk: int, st: JobState | None, th: Thresh
     new = minute_features(ts, gi, cols, len(st.gpu_pks), busy_sm_active=g["busy_sm_active"],
                           throttle_mask=int(th.kind("throttled")["reasons_mask"]),
                           critical_xids=tuple(th.kind("hw_fault")["critical_xids"]))
-    first_bucket = int(np.floor(ts.min() / 60.0))
-    st.feats = st.feats.before(first_bucket).extend(new) if st.feats.shape[1] else new
+    # Minutes from the re-read start on are replaced by what was just read.
+    cut = int(np.floor(since / 60.0)) if np.isfinite(since) else int(np.floor(ts.min() / 60.0))
+    st.feats = st.feats.before(cut).extend(new) if st.feats.shape[1] else new
     # Next re-read start: a minute boundary before the newest sample of the slowest GPU
     # (bounded, so a dead node does not pin it), minus a margin for late flushes.
     last_per_gpu = np.full(len(st.gpu_pks), -np.inf)

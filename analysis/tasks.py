@@ -82,17 +82,18 @@ def _progress(held: tuple[Any, str]) -> Any:
     return done
 
 
+ALERTS_TASK = "gpufleet.alerts.evaluate_alerts"
+
+
 def _nudge_alerts(summary: Any) -> bool:
+    """Send the alerts task by name (analysis sits below alerts and does not import it),
+    only when the app knows it and this run changed something."""
     if not (summary.job_pks_changed or summary.flags_opened or summary.flags_resolved):
         return False
-    try:
-        from gpufleet.alerts import tasks as alert_tasks
-    except ImportError:
+    app = analyze_due_jobs.app
+    if ALERTS_TASK not in app.tasks:
         return False
-    task = getattr(alert_tasks, "evaluate_alerts", None)
-    if task is None:
-        return False
-    task.delay()
+    app.send_task(ALERTS_TASK)
     return True
 
 

@@ -6,7 +6,6 @@ minute never decides, and a flag needs an episode of consecutive windows at leas
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,10 +79,19 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -
 
 
 def masked_median(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Median over GPUs (axis 0) of the masked entries; NaN where none."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(np.where(mask, x, np.nan), axis=0) if x.shape[0] else np.full(x.shape[1], np.nan)
+    """Median over GPUs (axis 0) of the masked, non-NaN entries; NaN where none.
+    (np.nanmedian goes through masked arrays for small inputs: 50x slower here.)"""
+    if x.ndim == 1:
+        x, mask = x[:, None], np.broadcast_to(mask, x.shape)[:, None]
+    if x.shape[0] == 0:
+        return np.full(x.shape[1], np.nan)
+    s = np.sort(np.where(mask, x, np.nan), axis=0)  # NaN sorts last
+    n = (~np.isnan(s)).sum(axis=0)
+    lo = np.maximum(n - 1, 0) // 2
+    hi = n // 2
+    a = np.take_along_axis(s, lo[None, :], axis=0)[0]
+    b = np.take_along_axis(s, np.minimum(hi, s.shape[0] - 1)[None, :], axis=0)[0]
+    return np.where(n > 0, (a + b) / 2.0, np.nan)
 
 
 def share(cond: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -9,11 +9,11 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from gpufleet.storage import tokens
-from gpufleet.storage.tokens import TokenInfo
 from sqlalchemy import Engine
 
 from gpufleet.settings import ServerSettings
+from gpufleet.storage import tokens
+from gpufleet.storage.tokens import TokenInfo
 
 
 def get_engine(request: Request) -> Engine:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from gpufleet.catalog import CATALOG
 
 from .metrics import TimedRoute
 from .queries.common import parse_duration
-from .queries.fleet import fleet_summary, list_flags
+from .queries.fleet import TTLCache, fleet_summary, list_flags
 from .routes_common import ClusterFilter, Cursor, SessionDep
 from .routes_jobs import FlagKind
 from .schemas import FlagsPublic, FleetSummary, Message
@@ -21,10 +21,13 @@ router = APIRouter(prefix="/api/v1", tags=["fleet"], route_class=TimedRoute,
 
 @router.get("/fleet/summary", response_model=FleetSummary,
             summary="Fleet activity, wasted GPU-hours by cause, top wasting jobs and users")
-def read_fleet_summary(session: SessionDep, cluster: ClusterFilter = None,
+def read_fleet_summary(session: SessionDep, request: Request, cluster: ClusterFilter = None,
                        window: Annotated[str, Query(max_length=16, pattern=r"^\s*\d+(\.\d+)?\s*[smhdw]?\s*$",
                                                     description="duration: 30m, 24h, 7d (max 90d)")] = "24h") -> Any:
-    return fleet_summary(session, window_s=parse_duration(window), cluster=cluster)
+    cache = getattr(request.app.state, "api_fleet_cache", None)
+    if cache is None:
+        cache = request.app.state.api_fleet_cache = TTLCache(ttl_s=60.0)
+    return fleet_summary(session, window_s=parse_duration(window), cluster=cluster, cache=cache)
 
 
 @router.get("/flags", response_model=FlagsPublic, summary="Goodput flags, most wasteful first")

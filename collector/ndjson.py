@@ -26,7 +26,11 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import msgspec
+from sqlalchemy import Connection, Engine, select
+
+from gpufleet.catalog import CATALOG
 from gpufleet.collector.validate import check_batch
+from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo
 from gpufleet.storage import retention
 from gpufleet.storage.models import Cluster, Gpu, Node
 from gpufleet.storage.writes import (
@@ -37,10 +41,6 @@ from gpufleet.storage.writes import (
     prepare,
     write_batches,
 )
-from sqlalchemy import Connection, Engine, select
-
-from gpufleet.catalog import CATALOG
-from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo
 
 KNOWN = frozenset(("ts", "node", "gpu", "job", "user", "cluster", *CATALOG.names))
 CHUNK_LINES = 50_000

@@ -20,16 +20,16 @@ from typing import Any
 
 import msgspec
 from fastapi import APIRouter, FastAPI
-from gpufleet.collector.config import CollectorConfig
-from gpufleet.collector.validate import check_batch
-from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable
-from gpufleet.storage import retention, tokens
-from gpufleet.storage.writes import BatchRejected, close_stale_jobs, prepare
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gpufleet import protocol
+from gpufleet.collector.config import CollectorConfig
+from gpufleet.collector.validate import check_batch
+from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable
+from gpufleet.storage import retention, tokens
+from gpufleet.storage.writes import BatchRejected, close_stale_jobs, prepare
 
 log = logging.getLogger(__name__)
 router = APIRouter()

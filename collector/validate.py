@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from gpufleet.storage.writes import BatchRejected, Prepared
 
 from gpufleet.protocol import Batch
+from gpufleet.storage.writes import BatchRejected, Prepared
 
 INT32 = 2**31 - 1
 INT63 = 2**63 - 1

@@ -26,10 +26,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from gpufleet.storage import retention
-from gpufleet.storage.writes import BatchRejected, BatchResult, Prepared, WriteCache, write_batches
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
+
+from gpufleet.storage import retention
+from gpufleet.storage.writes import BatchRejected, BatchResult, Prepared, WriteCache, write_batches
 
 log = logging.getLogger(__name__)
 

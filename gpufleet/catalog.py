@@ -8,6 +8,7 @@ series, dashboards and docs to describe them.
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -126,7 +127,16 @@ def parse_catalog(text: str) -> Catalog:
 
 @cache
 def load_catalog(path: Path | None = None) -> Catalog:
-    return parse_catalog((path or CATALOG_PATH).read_text())
+    """The catalog from ``path``, else ``$GPUFLEET_CATALOG`` (a deployment's override, e.g. the
+    Helm chart's ConfigMap), else the packaged ``catalog.toml``."""
+    if path is None:
+        env = os.environ.get("GPUFLEET_CATALOG")
+        path = Path(env) if env else CATALOG_PATH
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read the metric catalog {path}: {e.strerror}") from None
+    return parse_catalog(text)
 
 
 CATALOG = load_catalog()

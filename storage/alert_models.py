@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.storage.models import Base
 from sqlalchemy import JSON, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
+
+from gpufleet.storage.models import Base
 
 
 class AlertGroup(Base):

@@ -14,8 +14,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpufleet.storage.models import ApiToken
 from sqlalchemy import Engine, insert, select, update
+
+from gpufleet.storage.models import ApiToken
 
 ROLES = ("agent", "viewer", "operator", "admin")
 TOKEN_PREFIX = "gpf_"

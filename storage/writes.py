@@ -18,12 +18,19 @@ from __future__ import annotations
 
 import math
 import struct
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
 import numpy as np
+from sqlalchemy import Connection, and_, bindparam, case, literal_column, select, text, update
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from gpufleet.catalog import CATALOG
+from gpufleet.protocol import Batch
 from gpufleet.storage import retention
 from gpufleet.storage.models import (
     Allocation,
@@ -35,12 +42,6 @@ from gpufleet.storage.models import (
     gpu_samples_1m,
     job_samples_1m,
 )
-from sqlalchemy import Connection, and_, bindparam, case, literal_column, select, text, update
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
-
-from gpufleet.catalog import CATALOG
-from gpufleet.protocol import Batch
 
 FIELDS = CATALOG.fields
 NAMES: tuple[str, ...] = CATALOG.names
@@ -507,8 +508,10 @@ def _rollup_sql(dialect: str, table: str, key_col: str) -> str:
     if dialect == "postgresql":
         types = ["int4[]", "float8[]", "int4[]", "float8[]"] + (["int4[]"] if table == "gpu_samples_1m" else []) \
             + [_PG_ARRAY[f.dtype] for f in FIELDS]
-        # One statement for all rows: arrays in, unnest to rows (no per-row statement).
-        args = ", ".join(f"%s::{t}" for t in types)
+        # One statement for all rows: each column arrives as one array literal (text) and is
+        # unnested into rows. Integer fields travel as float8 text (NaN marks null) and are
+        # cast; the statement is PREPAREd once per connection.
+        args = ", ".join(f"${k}::text::{'float8[]::int8[]' if t == 'int8[]' else t}" for k, t in enumerate(types, 1))
         return f"INSERT INTO {table} ({', '.join(cols)}) SELECT * FROM unnest({args}) {conflict}"
     return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) {conflict}"
 
@@ -526,6 +529,12 @@ def _upsert_rollup(conn: Connection, table: Any, key_col: str, keys: np.ndarray,
     if sql is None:
         sql = _SQL_CACHE[ck] = _rollup_sql(dialect, table.name, key_col)
     # Sorted keys: concurrent writers lock rollup rows in the same order (no deadlocks).
+    if dialect == "postgresql":
+        arrays = [keys, buckets, n, last_ts] + ([np.where(carry < 0, np.nan, carry)] if carry is not None else [])
+        params = [_array_text(a, integer=k in (0, 2, 4)) for k, a in enumerate(arrays)]
+        params += [_array_text(agg[j], integer=False) for j in range(NF)]
+        _execute_prepared(conn, f"gpufleet_{table.name}_upsert", sql, params)
+        return
     cols: list[list[Any]] = [keys.tolist(), buckets.tolist(), n.tolist(), last_ts.tolist()]
     if carry is not None:
         cols.append([None if c < 0 else c for c in carry.tolist()])
@@ -538,10 +547,36 @@ def _upsert_rollup(conn: Connection, table: Any, key_col: str, keys: np.ndarray,
             cols.append([None if x else y for x, y in zip(nan.tolist(), v.tolist(), strict=True)])
         else:
             cols.append(v.tolist())
-    if dialect == "postgresql":
-        conn.exec_driver_sql(sql, tuple(cols))
+    conn.exec_driver_sql(sql, list(zip(*cols, strict=True)))
+
+
+def _array_text(a: np.ndarray, *, integer: bool) -> str:
+    """A PostgreSQL array literal; NaN becomes NULL. (C-level joins: no per-element dumper.)"""
+    af = a.astype(np.float64)
+    if integer and not np.isnan(af).any():
+        body = ",".join(map(str, a.astype(np.int64).tolist()))
     else:
-        conn.exec_driver_sql(sql, list(zip(*cols, strict=True)))
+        body = ",".join(map(repr, af.tolist())).replace("nan", "NULL")
+    return "{" + body + "}"
+
+
+_prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _execute_prepared(conn: Connection, name: str, sql: str, params: list[str]) -> None:
+    """EXECUTE a statement PREPAREd once per database connection: the long upsert is neither
+    re-parsed by the driver nor re-planned by the server on every group commit."""
+    import psycopg
+
+    raw = conn.connection.driver_connection
+    done = _prepared.setdefault(raw, set())
+    # EXECUTE takes no bind parameters: the values are quoted client-side (one C call each).
+    cur = psycopg.ClientCursor(raw)  # type: ignore[arg-type]
+    if name not in done:
+        cur.execute(f"PREPARE {name} ({', '.join(['text'] * len(params))}) AS {sql}")
+        done.add(name)
+    cur.execute(f"EXECUTE {name} ({', '.join(['%s'] * len(params))})", params)
+    cur.close()
 
 
 # --- the write -----------------------------------------------------------------------------
@@ -643,9 +678,17 @@ def write_batches(conn: Connection, batches: Sequence[Batch | Prepared], now: fl
 
     # Rows of every active batch as one set of arrays.
     ts = np.concatenate([preps[i].ts for i in active])
-    gpu_pk = np.array([gids[u] for i in active for u in preps[i].gpu], dtype=np.int64)
-    job_pk = np.array([-1 if j is None else jpks[(cids[preps[i].batch.agent.cluster], j)]
-                       for i in active for j in preps[i].job], dtype=np.int64)
+    gpu_parts, job_parts = [], []
+    for i in active:
+        p = preps[i]
+        cid = cids[p.batch.agent.cluster]
+        # Map the few distinct values, then the rows with a C-level map (no per-row bytecode).
+        gmap = {u: gids[u] for u in set(p.gpu)}
+        jmap = {j: (-1 if j is None else jpks[(cid, j)]) for j in set(p.job)}
+        gpu_parts.append(np.fromiter(map(gmap.__getitem__, p.gpu), dtype=np.int64, count=p.n))
+        job_parts.append(np.fromiter(map(jmap.__getitem__, p.job), dtype=np.int64, count=p.n))
+    gpu_pk = np.concatenate(gpu_parts) if gpu_parts else np.empty(0, np.int64)
+    job_pk = np.concatenate(job_parts) if job_parts else np.empty(0, np.int64)
     vals = np.concatenate([preps[i].vals for i in active], axis=1) if active else np.empty((NF, 0))
 
     if len(ts) and conn.dialect.name == "postgresql":
@@ -661,7 +704,7 @@ def write_batches(conn: Connection, batches: Sequence[Batch | Prepared], now: fl
             _upsert_rollup(conn, job_samples_1m, "job_pk", k, b, n, lt, agg, None)
         _touch_jobs(conn, job_pk, ts)
 
-    _allocations(conn, preps, active, cids, gids, jpks)
+    _allocations(conn, preps, active, cids, gids, jpks, ts, gpu_pk, job_pk)
     _events(conn, preps, active, nids, node_key, gids)
 
     for i in active:
@@ -737,39 +780,33 @@ def or_null_or_lt(col: Any, v: Any) -> Any:
 
 
 def _allocations(conn: Connection, preps: list[Prepared], active: list[int], cids: dict[str, int],
-                 gids: dict[str, int], jpks: dict[tuple[int, str], int]) -> None:
+                 gids: dict[str, int], jpks: dict[tuple[int, str], int], ts: np.ndarray, gpu_pk: np.ndarray,
+                 job_pk: np.ndarray) -> None:
     """Open/close allocations as each GPU's job changes (from samples, ordered by time)."""
-    runs: dict[int, list[tuple[float, int | None]]] = {}  # gpu_pk -> [(ts, job_pk or None)] at changes
     since: dict[tuple[int, int], float] = {}
     for i in active:
-        p = preps[i]
-        cid = cids[p.batch.agent.cluster]
-        for a in p.batch.allocations:
+        cid = cids[preps[i].batch.agent.cluster]
+        for a in preps[i].batch.allocations:
             if a.gpu_uuid in gids and math.isfinite(a.since):
                 since[(gids[a.gpu_uuid], jpks[(cid, a.job_id)])] = a.since
-        if not p.n:
-            continue
-        order = np.lexsort((p.ts, np.array([gids[u] for u in p.gpu])))
-        prev: tuple[int, int | None] | None = None
-        for r in order.tolist():
-            g = gids[p.gpu[r]]
-            j = p.job[r]
-            jp = None if j is None else jpks[(cid, j)]
-            if prev is None or prev != (g, jp):
-                runs.setdefault(g, []).append((float(p.ts[r]), jp))
-                prev = (g, jp)
-    if not runs:
+    if not len(ts):
         return
+    # Runs of constant (GPU, job) in time order: only the change points are visited in Python.
+    order = np.lexsort((ts, gpu_pk))
+    g, j, t = gpu_pk[order], job_pk[order], ts[order]
+    change = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (j[1:] != j[:-1])])
+    runs: dict[int, list[tuple[float, int | None]]] = {}
+    for gg, jj, tt in zip(g[change].tolist(), j[change].tolist(), t[change].tolist(), strict=True):
+        runs.setdefault(gg, []).append((tt, None if jj < 0 else jj))
     at = Allocation.__table__
     open_rows = {g: (aid, jp, st) for aid, g, jp, st in conn.execute(
         select(at.c.id, at.c.gpu_pk, at.c.job_pk, at.c.start_ts)
         .where(at.c.end_ts.is_(None), at.c.gpu_pk.in_(sorted(runs))).order_by(at.c.gpu_pk, at.c.start_ts))}
     closes: list[dict[str, Any]] = []
     opens: list[dict[str, Any]] = []
-    for g in sorted(runs):
-        seq = sorted(runs[g], key=lambda x: x[0])
-        cur = open_rows.get(g)  # (alloc id or None for a new one, job_pk, start)
-        for t0, jp in seq:
+    for gpu in sorted(runs):
+        cur = open_rows.get(gpu)  # (alloc id or None for a new one, job_pk, start)
+        for t0, jp in runs[gpu]:
             if cur is not None and t0 < cur[2]:
                 continue  # an old batch arriving late: it cannot rewrite the GPU's history
             if cur is not None and cur[1] == jp:
@@ -781,8 +818,8 @@ def _allocations(conn: Connection, preps: list[Prepared], active: list[int], cid
                     opens[-1]["end_ts"] = t0
                 cur = None
             if jp is not None:
-                start = min(since.get((g, jp), t0), t0)
-                opens.append({"job_pk": jp, "gpu_pk": g, "start_ts": start, "end_ts": None})
+                start = min(since.get((gpu, jp), t0), t0)
+                opens.append({"job_pk": jp, "gpu_pk": gpu, "start_ts": start, "end_ts": None})
                 cur = (None, jp, start)
     if closes:
         conn.execute(update(at).where(at.c.id == bindparam("aid")).values(end_ts=bindparam("end")), closes)

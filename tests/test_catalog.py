@@ -63,3 +63,22 @@ def test_gpu_model_peak_lookup_prefers_specific_names() -> None:
 def test_bad_catalog_entries_are_named(snippet: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_catalog(snippet)
+
+
+def test_catalog_override_from_environment(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from gpufleet.catalog import CATALOG_PATH, load_catalog
+
+    custom = tmp_path / "catalog.toml"
+    custom.write_text(CATALOG_PATH.read_text().replace('description = "Board power draw."',
+                                                        'description = "Board power (site override)."'))
+    monkeypatch.setenv("GPUFLEET_CATALOG", str(custom))
+    load_catalog.cache_clear()
+    try:
+        assert load_catalog()["power_w"].description == "Board power (site override)."
+        monkeypatch.setenv("GPUFLEET_CATALOG", str(tmp_path / "missing.toml"))
+        load_catalog.cache_clear()
+        with pytest.raises(ValueError, match="cannot read the metric catalog"):
+            load_catalog()
+    finally:
+        monkeypatch.delenv("GPUFLEET_CATALOG")
+        load_catalog.cache_clear()

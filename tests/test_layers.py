@@ -22,17 +22,20 @@ FOLDERS = {
     "migrations": "gpufleet.migrations",
 }
 CORE = {"gpufleet", "gpufleet.catalog", "gpufleet.protocol"}
-TOP = ("gpufleet.cli", "gpufleet.commands", "gpufleet.server", "gpufleet.settings", "gpufleet.celery_app")
+TOP = ("gpufleet.cli", "gpufleet.commands", "gpufleet.server", "gpufleet.celery_app")
+# Server settings: read by every server-side part, never by the agent or storage.
+SETTINGS = "gpufleet.settings"
 
 # layer -> layers it may import (core is always allowed)
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
     "agent": set(),
     "storage": set(),
-    "collector": {"storage"},
-    "analysis": {"storage"},
-    "alerts": {"storage", "analysis"},
-    "api": {"storage", "analysis", "alerts"},
+    "settings": {"storage"},
+    "collector": {"storage", "settings"},
+    "analysis": {"storage", "settings"},
+    "alerts": {"storage", "analysis", "settings"},
+    "api": {"storage", "analysis", "alerts", "settings"},
 }
 SERVER_ONLY = ("fastapi", "starlette", "sqlalchemy", "alembic", "celery", "numpy", "pydantic", "asyncpg", "psycopg",
                "uvicorn", "redis")
@@ -43,6 +46,8 @@ def layer_of(module: str) -> str:
         return "core"
     if module.startswith(TOP):
         return "top"
+    if module == SETTINGS or module.startswith(SETTINGS + "."):
+        return "settings"
     parts = module.split(".")
     if parts[:2] == ["gpufleet", "migrations"]:
         return "storage"  # the schema's history belongs to storage
@@ -89,7 +94,10 @@ def project_layer(name: str) -> str | None:
         return layer_of(name)
     except AssertionError:
         parts = name.split(".")
-        return layer_of(".".join(parts[:2])) if len(parts) > 1 else "core"
+        try:
+            return layer_of(".".join(parts[:2]))
+        except AssertionError:
+            return "core"  # an attribute of the gpufleet package itself, e.g. __version__
 
 
 MODULES = all_modules()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from gpufleet.storage.db import make_engine
-from gpufleet.storage.migrate import downgrade, upgrade
-from gpufleet.storage.models import Base
 from sqlalchemy import inspect
 
 from gpufleet.catalog import CATALOG
+from gpufleet.storage.db import make_engine
+from gpufleet.storage.migrate import downgrade, upgrade
+from gpufleet.storage.models import Base
 
 
 def _tables(url: str) -> set[str]:

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Attributor", "build_attributors", "merge"]
 
 
-def build_attributors(cfg: AgentConfig) -> list[Attributor]:
+def build_attributors(cfg: AgentConfig, source: object = None) -> list[Attributor]:
     """Attributors in precedence order. ``auto`` picks Slurm when its mapping dirs or
     slurmstepd cgroups exist, Kubernetes when the kubelet socket exists, and always ends
     with the per-process fallback so a bare box is attributed too."""
@@ -28,7 +28,8 @@ def build_attributors(cfg: AgentConfig) -> list[Attributor]:
         from .slurm import SlurmAttributor
 
         out.append(SlurmAttributor(mapping_dir=cfg.slurm_mapping_dir, gpustat_dir=cfg.gpustat_dir,
-                                   proc_root=cfg.proc_root))
+                                   proc_root=cfg.proc_root,
+                                   gpu_instance_ids=getattr(source, "gpu_instance_ids", None)))
     if "kubernetes" in wanted or (auto and cfg.kubelet_socket.exists()):
         from .kubernetes import KubernetesAttributor
 

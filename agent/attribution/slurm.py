@@ -13,6 +13,7 @@ The mapping directory wins where both speak: it is the allocation, processes may
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from gpufleet.protocol import GpuInfo, JobInfo
@@ -86,8 +87,9 @@ class SlurmAttributor:
     name = "slurm"
 
     def __init__(self, mapping_dir: Path = Path("/var/run/gpufleet/jobs"), gpustat_dir: Path = Path("/run/gpustat"),
-                 proc_root: Path = Path("/proc")) -> None:
+                 proc_root: Path = Path("/proc"), gpu_instance_ids: Callable[[], dict[str, int]] | None = None) -> None:
         self.mapping_dir = Path(mapping_dir)
+        self.gpu_instance_ids = gpu_instance_ids  # MIG uuid -> GPU instance id, from the source
         self.gpustat_dir = Path(gpustat_dir)
         self.proc_root = Path(proc_root)
         self._pid_job: dict[int, str | None] = {}  # pid -> slurm job (None: not in a job)
@@ -96,10 +98,13 @@ class SlurmAttributor:
     def attribute(self, devices: list[GpuInfo], readings: list[GpuReading], now: float) -> SourceAttribution:
         a = SourceAttribution()
         by_index = {str(d.index): d.uuid for d in devices if d.mig_profile is None}
+        if self.gpu_instance_ids is not None:
+            gis = self.gpu_instance_ids()
+            by_index.update({f"{d.index}.{gis[d.uuid]}": d.uuid for d in devices if d.uuid in gis})
         uuids = {d.uuid for d in devices}
 
         for name, job in read_mapping_dir(self.mapping_dir).items():
-            uuid = by_index.get(name)  # "<index>.<gi>" files name MIG instances we cannot key by index
+            uuid = by_index.get(name)
             if uuid:
                 a.gpu_job[uuid] = job
         for name, (job, uid) in read_gpustat_dir(self.gpustat_dir).items():

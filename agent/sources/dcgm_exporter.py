@@ -39,6 +39,7 @@ class ExporterGpu:
     model: str = ""
     mig_profile: str | None = None
     parent_uuid: str | None = None
+    gi_id: int | None = None
     values: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)  # rate fields exposed as counters (raw)
     fb_free_bytes: float | None = None
@@ -99,7 +100,8 @@ def parse_exposition(text: str) -> dict[str, ExporterGpu]:
                     index = -1
                 g = gpus[uuid] = ExporterGpu(uuid=uuid, index=index, model=lab.get("modelName", ""),
                                              mig_profile=(lab.get("GPU_I_PROFILE") or None) if gi else None,
-                                             parent_uuid=parent if gi else None)
+                                             parent_uuid=parent if gi else None,
+                                             gi_id=int(gi) if gi.isdigit() else None)
             if g.job is None:
                 g.job = _job_from_labels(lab)
             value = float(s.value)
@@ -175,6 +177,9 @@ class DcgmExporterSource:
                 self._xid_seen[g.uuid] = xid
             out.append(GpuReading(uuid=g.uuid, values=values))
         return out
+
+    def gpu_instance_ids(self) -> dict[str, int]:
+        return {g.uuid: g.gi_id for g in self._last.values() if g.gi_id is not None}
 
     def drain_events(self) -> list[Event]:
         ev, self._events = self._events, []

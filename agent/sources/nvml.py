@@ -24,7 +24,7 @@ from typing import Any
 from gpufleet.protocol import Event, GpuInfo
 
 from .base import GpuReading, SourceAttribution
-from .nvml_lib import NA, TIMEOUT, GpuLost, Nvml, NvmlUnavailable
+from .nvml_lib import NA, GpuLost, Nvml, NvmlUnavailable
 
 __all__ = ["NvmlSource", "NvmlUnavailable"]
 
@@ -117,6 +117,10 @@ class NvmlSource:
     @property
     def errors(self) -> int:
         return self.nvml.errors
+
+    def gpu_instance_ids(self) -> dict[str, int]:
+        """MIG instance uuid -> GPU instance id (Slurm names MIG mapping files <index>.<id>)."""
+        return {d.info.uuid: d.gi_id for d in self._devices() if d.is_mig and d.gi_id is not None}
 
     def pci_bus_ids(self) -> dict[str, str]:
         """GPU uuid -> sysfs PCI address, for mapping InfiniBand HCAs to GPUs."""
@@ -370,13 +374,12 @@ class NvmlSource:
         lib = self.nvml.lib
         while not self._xid_stop.is_set():
             try:
-                data = lib.nvmlEventSetWait_v2(self._event_set, self.event_poll_ms)
+                data = self.nvml.wait_event(self._event_set, self.event_poll_ms)
             except lib.NVMLError as e:
-                if getattr(e, "value", None) == TIMEOUT:
-                    continue
-                self.nvml.errors += 1
                 log.warning("XID event wait failed (%s); retrying in 5 s", e)
                 self._xid_stop.wait(5)
+                continue
+            if data is None:
                 continue
             dev = self._by_handle.get(_handle_key(data.device))
             uuid = dev.info.uuid if dev else None

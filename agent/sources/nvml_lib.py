@@ -123,6 +123,19 @@ class Nvml:
             log.debug("%s failed: %s", fn, e)
             return NA
 
+    def wait_event(self, event_set: Any, timeout_ms: int) -> Any:
+        """``nvmlEventSetWait_v2``: the event data, or None on timeout. Other failures raise
+        NVMLError (the caller backs off); counted like any failed call."""
+        lib = self.lib
+        self.calls += 1
+        try:
+            return lib.nvmlEventSetWait_v2(event_set, timeout_ms)
+        except lib.NVMLError as e:
+            if getattr(e, "value", None) == TIMEOUT:
+                return None
+            self.errors += 1
+            raise
+
     def _once(self, fn: str, why: str) -> None:
         if fn not in self._warned:
             self._warned.add(fn)

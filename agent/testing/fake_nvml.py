@@ -42,6 +42,7 @@ class FakeMig:
     used: int = 0
     pids: list[int] = field(default_factory=list)
     parent: FakeGpu | None = None
+    sm_util: float | None = None  # GPM SM activity of this instance (default: the parent's)
 
 
 @dataclass
@@ -103,9 +104,14 @@ def a100(index: int = 0, *, mig: bool = False, node: str = "fake") -> FakeGpu:
     return g
 
 
-def h100(index: int = 0, *, node: str = "fake") -> FakeGpu:
-    """NVIDIA H100 80GB HBM3 (SXM5): 1980 MHz max SM, 2619 MHz HBM3, GPM supported."""
-    return FakeGpu("NVIDIA H100 80GB HBM3", 81559 * MIB, gpm=True, index=index, uuid=_uuid(f"{node}/h100/{index}"))
+def h100(index: int = 0, *, mig: bool = False, node: str = "fake") -> FakeGpu:
+    """NVIDIA H100 80GB HBM3 (SXM5): 1980 MHz max SM, 2619 MHz HBM3, GPM supported; with
+    ``mig`` two 3g.40gb instances (GPU instance ids 1 and 2), GPM per instance."""
+    g = FakeGpu("NVIDIA H100 80GB HBM3", 81559 * MIB, gpm=True, index=index, uuid=_uuid(f"{node}/h100/{index}"))
+    if mig:
+        g.mig = [FakeMig(gi, "3g.40gb", 40448 * MIB, uuid=_uuid(f"{node}/h100/{index}/mig{gi}", "MIG"), parent=g)
+                 for gi in (1, 2)]
+    return g
 
 
 def h200(index: int = 0, *, node: str = "fake") -> FakeGpu:
@@ -351,9 +357,13 @@ class FakeNvml:
 
     def nvmlGpmMigSampleGet(self, h: Any, gi_id: int, s: _GpmSample) -> _GpmSample:
         g = self._gpu(h, "nvmlGpmMigSampleGet")
-        if not any(m.gi_id == gi_id for m in g.mig):
+        mig = next((m for m in g.mig if m.gi_id == gi_id), None)
+        if mig is None or isinstance(h, FakeMig):  # NVML wants the parent handle and the GI id
             raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return self._snapshot(g, s)
+        self._snapshot(g, s)
+        if mig.sm_util is not None:
+            s.snapshot[2] = mig.sm_util
+        return s
 
     def nvmlGpmMetricsGet(self, mg: GpmMetricsGet) -> GpmMetricsGet:
         self._count("nvmlGpmMetricsGet")

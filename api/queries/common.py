@@ -12,9 +12,10 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gpufleet.storage.models import Cluster, gpu_samples_1m
 from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
+
+from gpufleet.storage.models import Cluster, gpu_samples_1m
 
 DEFAULT_CLUSTER = "default"
 # A GPU with no rollup newer than this is shown as "no data", not with stale numbers.
@@ -107,22 +108,21 @@ def live_values(conn: Connection | Session, gpu_pks: Iterable[int],
                 at: float | None = None) -> dict[int, dict[str, Any]]:
     """The newest 1-minute rollup per GPU (within LIVE_WINDOW_S of ``at``).
 
-    One correlated max() per GPU rides the (gpu_pk, bucket) unique index on both SQLite and
-    PostgreSQL, instead of scanning every GPU's recent history."""
+    Reads only the last few minutes of each GPU through the (gpu_pk, bucket) index (about 5
+    rows per GPU) and keeps the newest in Python: portable, and on PostgreSQL the bucket range
+    also prunes the query to today's partition."""
     pks = list(gpu_pks)
     if not pks:
         return {}
     at = at if at is not None else now()
     t = gpu_samples_1m
-    inner = t.alias("inner")
-    newest = (select(inner.c.bucket).where(inner.c.gpu_pk == t.c.gpu_pk, inner.c.bucket >= at - LIVE_WINDOW_S,
-                                            inner.c.bucket <= at)
-              .order_by(inner.c.bucket.desc()).limit(1).scalar_subquery())
     cols = [t.c.gpu_pk, t.c.bucket, *(t.c[f] for f in LIVE_FIELDS)]
-    out: dict[int, dict[str, Any]] = {}
+    newest: dict[int, tuple[Any, ...]] = {}
     for i in range(0, len(pks), 900):  # stay under SQLite's bound-parameter limit
-        chunk = pks[i:i + 900]
-        q = select(*cols).where(t.c.gpu_pk.in_(chunk), t.c.bucket == newest)
-        for r in conn.execute(q).mappings():
-            out[r["gpu_pk"]] = {k: clean(v) for k, v in r.items() if k not in ("gpu_pk", "job_pk")}
-    return out
+        q = select(*cols).where(t.c.gpu_pk.in_(pks[i:i + 900]), t.c.bucket >= at - LIVE_WINDOW_S, t.c.bucket <= at)
+        for r in conn.execute(q).tuples():
+            old = newest.get(r[0])
+            if old is None or r[1] > old[1]:
+                newest[r[0]] = r
+    names = ("bucket", *LIVE_FIELDS)
+    return {pk: {k: clean(v) for k, v in zip(names, r[1:], strict=True)} for pk, r in newest.items()}

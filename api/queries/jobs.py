@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobReport, Node, gpu_samples_1m, job_samples_1m
 from sqlalchemy import and_, distinct, exists, func, or_, select
 from sqlalchemy.orm import Session
+
+from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobReport, Node, gpu_samples_1m, job_samples_1m
 
 from .common import DEFAULT_CLUSTER, BadRequest, clean, decode_cursor, encode_cursor, live_values, now
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.storage.models import Allocation, Cluster, Event, Gpu, Job, Node, gpu_samples_1m
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
+
+from gpufleet.storage.models import Allocation, Cluster, Event, Gpu, Job, Node, gpu_samples_1m
 
 from .common import BadRequest, clean, decode_cursor, encode_cursor, live_values, now
 

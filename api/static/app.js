@@ -304,7 +304,7 @@
       width: width(box.box), height: 170,
       legend: { show: false }, cursor: { points: { show: false }, sync: { key: "job" }, drag: { x: true, y: false } },
       scales: { x: { time: true }, y: spec.ratio ? { range: [0, 1] } : { auto: true } },
-      axes: [{ ...axisStyle }, { ...axisStyle, size: 56, values: (u, vals) => vals.map(fmtv) }],
+      axes: [{ ...axisStyle }, { ...axisStyle, size: spec.axisSize || 56, values: (u, vals) => vals.map(fmtv) }],
       series,
       hooks: { setCursor: [(u) => {
         const i = u.cursor.idx;
@@ -378,7 +378,8 @@
     ], j.per_gpu, { class: "pergpu" }));
 
     const boxes = GPU_CHARTS.map((c) => ({ spec: c, ...chartBox(`${c.title}${c.unit ? ` (${c.unit})` : ""}`) }));
-    const linkBox = { spec: { field: "interconnect", title: "NVLink / PCIe / IB" }, ...chartBox("NVLink / PCIe / IB (job mean per GPU)") };
+    const linkBox = { spec: { field: "interconnect", title: "NVLink / PCIe / IB", axisSize: 72 }, ...chartBox("NVLink / PCIe / IB (job mean per GPU)") };
+    linkBox.box.append(h("div", { class: "keys" }, LINK_FIELDS.map(([, label, color]) => h("span", {}, h("i", { style: { background: color } }), label))));
     for (const b of [...boxes, linkBox]) charts.append(b.box);
     const [ts, links] = await Promise.all([
       api(`${base}/timeseries?${qs({ cluster, fields: GPU_CHARTS.map((c) => c.field).join(",") })}`),

@@ -19,12 +19,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpufleet.agent.simulator import PROFILES
-from gpufleet.analysis.config import FLAG_KINDS
 from simjobs import analyze_data, generate, plan_jobs
 
+from gpufleet.agent.simulator import PROFILES
+from gpufleet.analysis.config import FLAG_KINDS
 
-def _one(args: tuple[object, float]) -> tuple[str, str, list[str], float, float, int, float | None]:
+
+def baseline(d: object) -> list[str]:
+    """The reference: jobstats / Job Defense Shield style rules on the GPU utilization duty
+    cycle (GPU_UTIL, what nvidia-smi and dcgm-exporter's default dashboard show), per GPU:
+    every GPU at 0 -> idle; some GPUs at 0 -> oversized; job mean <= 25% -> low utilization."""
+    import numpy as np
+
+    util = d.cols["gpu_util"]  # type: ignore[attr-defined]
+    per_gpu = np.bincount(d.gpu, weights=util) / np.bincount(d.gpu)  # type: ignore[attr-defined]
+    if (per_gpu < 0.01).all():
+        return ["idle_gpu"]
+    out = ["oversized_allocation"] if (per_gpu < 0.01).any() else []
+    if per_gpu.mean() <= 0.25:
+        out.append("low_sm_activity")
+    return out
+
+
+def _one(args: tuple[object, float]) -> tuple[str, str, list[str], float, float, int, float | None, list[str]]:
     job, interval = args
     t0 = time.perf_counter()
     d = generate(job, interval_s=interval)  # type: ignore[arg-type]
@@ -32,7 +49,8 @@ def _one(args: tuple[object, float]) -> tuple[str, str, list[str], float, float,
     res = analyze_data(d)
     t2 = time.perf_counter()
     kinds = sorted({f.kind for f in res.findings})
-    return job.job_id, job.profile.name, kinds, t1 - t0, t2 - t1, len(d.ts), res.goodput_score  # type: ignore[attr-defined]
+    return (job.job_id, job.profile.name, kinds, t1 - t0, t2 - t1, len(d.ts),  # type: ignore[attr-defined]
+            res.goodput_score, baseline(d))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,21 +76,28 @@ def main(argv: list[str] | None = None) -> int:
     tp: Counter[str] = Counter()
     fp: Counter[str] = Counter()
     fn: Counter[str] = Counter()
+    btp: Counter[str] = Counter()
+    bfp: Counter[str] = Counter()
+    bfn: Counter[str] = Counter()
+    base_healthy_flagged = 0
     misses: list[str] = []
     healthy_jobs = healthy_flagged = 0
     by_profile: dict[str, list[float]] = defaultdict(list)
     gen_s = an_s = 0.0
     samples = 0
-    for job_id, prof, kinds, g_s, a_s, n, score in results:
+    for job_id, prof, kinds, g_s, a_s, n, score, base in results:
         truth = PROFILES[prof].flags
         got = set(kinds)
-        for k in FLAG_KINDS:
-            if k in got and k in truth:
-                tp[k] += 1
-            elif k in got:
-                fp[k] += 1
-            elif k in truth:
-                fn[k] += 1
+        for counts, found in (((tp, fp, fn), got), ((btp, bfp, bfn), set(base))):
+            for k in FLAG_KINDS:
+                if k in found and k in truth:
+                    counts[0][k] += 1
+                elif k in found:
+                    counts[1][k] += 1
+                elif k in truth:
+                    counts[2][k] += 1
+        if PROFILES[prof].healthy and base:
+            base_healthy_flagged += 1
         if got != truth:
             misses.append(f"{job_id:28s} truth={sorted(truth)} got={sorted(got)}")
         if PROFILES[prof].healthy:
@@ -85,15 +110,20 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"jobs: {len(results)} ({len(seeds)} seeds x {len(PROFILES)} profiles), GPU-samples: {samples:,}, "
           f"interval {a.interval:g} s")
-    print(f"{'flag':22s} {'TP':>4s} {'FP':>4s} {'FN':>4s} {'precision':>10s} {'recall':>8s}")
+    def pr(t: int, f: int, n: int) -> tuple[float, float]:
+        return (t / (t + f) if t + f else float("nan"), t / (t + n) if t + n else float("nan"))
+
+    print(f"{'flag':22s} {'TP':>4s} {'FP':>4s} {'FN':>4s} {'precision':>10s} {'recall':>8s}   "
+          f"{'reference (GPU_UTIL rules)':>27s}")
     worst = 1.0
     for k in FLAG_KINDS:
-        p = tp[k] / (tp[k] + fp[k]) if tp[k] + fp[k] else float("nan")
-        r = tp[k] / (tp[k] + fn[k]) if tp[k] + fn[k] else float("nan")
+        p, r = pr(tp[k], fp[k], fn[k])
         worst = min(worst, p if p == p else 1.0, r if r == r else 1.0)
-        print(f"{k:22s} {tp[k]:4d} {fp[k]:4d} {fn[k]:4d} {p:10.3f} {r:8.3f}")
+        bp, br = pr(btp[k], bfp[k], bfn[k])
+        print(f"{k:22s} {tp[k]:4d} {fp[k]:4d} {fn[k]:4d} {p:10.3f} {r:8.3f}   precision {bp:5.3f} recall {br:5.3f}")
     rate = healthy_flagged / healthy_jobs if healthy_jobs else 0.0
-    print(f"healthy jobs flagged: {healthy_flagged}/{healthy_jobs} = {rate:.1%} (goal <= 2%)")
+    print(f"healthy jobs flagged: {healthy_flagged}/{healthy_jobs} = {rate:.1%} (goal <= 2%); "
+          f"reference: {base_healthy_flagged}/{healthy_jobs}")
     print(f"worst precision/recall: {worst:.3f} (goal >= 0.95)")
     print("mean goodput score by profile: " + ", ".join(
         f"{p}={sum(v) / len(v):.0f}" for p, v in sorted(by_profile.items())))

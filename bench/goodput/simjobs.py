@@ -6,9 +6,11 @@ duration drawn per seed, sampled at 1 Hz like the agent."""
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
 from gpufleet.agent.simulator import H100, PROFILES, SimJob, make_job, sample_job
 from gpufleet.analysis.config import Thresholds, load_thresholds
 from gpufleet.analysis.features import RAW_FIELDS, histograms, minute_features
@@ -39,7 +41,9 @@ def plan_jobs(seeds: range, *, min_minutes: float = 45, max_minutes: float = 120
     return jobs
 
 
-def generate(job: SimJob, *, interval_s: float = 1.0, seed: int = 0) -> JobData:
+def generate(job: SimJob, *, interval_s: float = 1.0, seed: int = 0, drop: float = 0.01,
+             jitter_s: float = 0.05) -> JobData:
+    """The job's samples; ``drop`` of them lost (agent/DCGM misses), timestamps jittered."""
     rng = random.Random(f"{seed}/{job.job_id}")
     end = job.end_ts or job.start_ts + 3600
     steps = int((end - job.start_ts) / interval_s)
@@ -52,7 +56,10 @@ def generate(job: SimJob, *, interval_s: float = 1.0, seed: int = 0) -> JobData:
                 cols[f][s, r] = values[f]
     ts = np.repeat(job.start_ts + interval_s * np.arange(1, steps + 1), g)
     gpu = np.tile(np.arange(g), steps)
-    return JobData(job, ts, gpu, {f: v.reshape(-1) for f, v in cols.items()})
+    nrng = np.random.default_rng(zlib.crc32(f"{seed}/{job.job_id}".encode()))
+    ts = ts + nrng.uniform(-jitter_s, jitter_s, len(ts))
+    keep = nrng.random(len(ts)) >= drop
+    return JobData(job, ts[keep], gpu[keep], {f: v.reshape(-1)[keep] for f, v in cols.items()})
 
 
 def meta_of(job: SimJob, running: bool = False) -> JobMeta:

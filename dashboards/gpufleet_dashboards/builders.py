@@ -18,6 +18,7 @@ SCHEMA_VERSION = 39
 GRID_WIDTH = 24
 # The rollups hold one row per minute: a shorter $__interval only multiplies groups.
 MIN_INTERVAL = "1m"
+REF_IDS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # a panel's queries are A, B, C, ...
 
 # Grafana unit ids for catalog units (fields with other units show as plain numbers).
 UNITS = {
@@ -127,7 +128,6 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         defaults["decimals"] = p.decimals
     if p.links:
         defaults["links"] = p.links
-    refs = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     return {
         "id": pid,
         "type": p.kind,
@@ -136,7 +136,7 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         "datasource": DATASOURCE,
         "interval": MIN_INTERVAL,
         "gridPos": {"x": x, "y": y, "w": p.w, "h": p.h},
-        "targets": [q.target(refs[i]) for i, q in enumerate(p.queries)],
+        "targets": [q.target(REF_IDS[i]) for i, q in enumerate(p.queries)],
         "fieldConfig": {"defaults": defaults, "overrides": p.overrides},
         "options": p.options,
     }
@@ -198,10 +198,9 @@ class Dashboard:
 
     def queries(self) -> list[QuerySpec]:
         specs = [QuerySpec(self.uid, f"var:{v['name']}", "var", q) for v, q in self.variables]
-        refs = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
         for item in self.items:
             if isinstance(item, Panel):
-                specs += [QuerySpec(self.uid, item.title, refs[i], q) for i, q in enumerate(item.queries)]
+                specs += [QuerySpec(self.uid, item.title, REF_IDS[i], q) for i, q in enumerate(item.queries)]
         return specs
 
 

@@ -18,7 +18,7 @@ JOB_VAR_QUERY = Query(
            job_id || ' · ' || coalesce(username, '?') || ' · ' || coalesce(name, '') AS __text
     FROM grafana_jobs
     WHERE cluster = '$cluster' AND start_ts <= $__unixEpochTo()
-      AND coalesce(end_ts, $__unixEpochTo()) >= $__unixEpochFrom()
+      AND coalesce(end_ts, 'infinity') >= $__unixEpochFrom()
     ORDER BY start_ts DESC
     LIMIT 1000
     """, ("__value", "__text"), "table")

@@ -27,7 +27,7 @@ TEAM_VAR_QUERY = Query(
     UNION
     SELECT DISTINCT team FROM grafana_jobs
     WHERE cluster IN ($cluster) AND start_ts <= $__unixEpochTo()
-      AND coalesce(end_ts, $__unixEpochTo()) >= $__unixEpochFrom()
+      AND coalesce(end_ts, 'infinity') >= $__unixEpochFrom()
     ORDER BY 1
     """, ("team",), "table")
 
@@ -36,7 +36,7 @@ WASTED = f"sum(wasted_gpu_hours * {RANGE_FRACTION})"
 JOB_RANGE_FRACTION = "grafana_overlap(start_ts, coalesce(end_ts, last_sample_ts, $__unixEpochTo()), " \
                      "$__unixEpochFrom(), $__unixEpochTo())"
 SELECTED_JOBS = "cluster IN ($cluster) AND team IN ($team) AND start_ts <= $__unixEpochTo() " \
-                "AND coalesce(end_ts, $__unixEpochTo()) >= $__unixEpochFrom()"
+                "AND coalesce(end_ts, 'infinity') >= $__unixEpochFrom()"
 
 
 def build() -> Dashboard:
@@ -77,7 +77,7 @@ def build() -> Dashboard:
         # Each day gets the part of every finding that fell inside it.
         timeseries("Wasted GPU-hours per day by cause", [Query(
             """
-            SELECT d.day AS time, f.cause AS metric,
+            SELECT d.day::float8 AS time, f.cause AS metric,
                    sum(f.wasted_gpu_hours * grafana_overlap(f.start_ts, f.end_ts, d.day, d.day + 86400))
                      AS wasted_gpu_hours
             FROM generate_series(floor($__unixEpochFrom() / 86400.0) * 86400, $__unixEpochTo(), 86400) AS d(day)

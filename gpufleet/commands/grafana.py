@@ -23,7 +23,9 @@ DATASOURCE_UID = "gpufleet-pg"
 DATASOURCE_TYPE = "grafana-postgresql-datasource"
 GRAFANA_ROLE = "gpufleet_grafana"
 FOLDER_UID = "gpufleet"
-DEFAULT_DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards" / "json"
+# A source checkout keeps them next to the package; the container image sets the variable.
+DEFAULT_DASHBOARDS = Path(os.environ.get("GPUFLEET_DASHBOARDS_DIR")
+                          or Path(__file__).resolve().parents[2] / "dashboards" / "json")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     push.add_argument("--datasource-name", default="gpufleet", help="data source name shown in Grafana")
     push.add_argument("--folder", default="gpufleet", help="Grafana folder title (uid 'gpufleet')")
     push.add_argument("--dashboards", type=Path, default=DEFAULT_DASHBOARDS,
-                      help=f"directory of dashboard JSON files (default {DEFAULT_DASHBOARDS})")
+                      help="directory of dashboard JSON files "
+                           f"(default $GPUFLEET_DASHBOARDS_DIR, else {DEFAULT_DASHBOARDS})")
     push.add_argument("--timeout", type=float, default=30.0, help="HTTP timeout in seconds")
     push.add_argument("--dry-run", action="store_true", help="print what would be uploaded, send nothing")
     p.set_defaults(func=run, _grafana_parser=p)

@@ -77,8 +77,9 @@ def _sources(args: argparse.Namespace) -> list[tuple[str, Any]]:
 class _Background:
     """Agents and the analysis loop, started once the server listens, stopped on shutdown."""
 
-    def __init__(self, args: argparse.Namespace, base_url: str, data_dir: Path) -> None:
+    def __init__(self, args: argparse.Namespace, base_url: str, data_dir: Path, settings: Any) -> None:
         self.args = args
+        self.settings = settings
         self.base_url = base_url
         self.data_dir = data_dir
         self.stop = threading.Event()
@@ -114,7 +115,8 @@ class _Background:
             try:
                 run_analysis(engine)
                 if alerts:
-                    alerts(engine)
+                    settings = self.settings
+                    alerts(engine, base_url=settings.base_url(), grafana_url=settings.grafana_url)
             except Exception:
                 log.exception("analysis pass failed; retrying next interval")
             wait = self.args.analysis_interval
@@ -156,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ServerSettings(database_url=url, data_dir=data_dir, host=args.host, port=args.port,
                               allow_anonymous=loopback, analysis_interval_s=args.analysis_interval)
     local = f"http://127.0.0.1:{args.port}" if not loopback else f"http://{args.host}:{args.port}"
-    bg = _Background(args, local, data_dir)
+    bg = _Background(args, local, data_dir, settings)
 
     @contextlib.asynccontextmanager
     async def background(app: Any) -> AsyncIterator[None]:

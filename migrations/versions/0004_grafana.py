@@ -15,7 +15,7 @@ Grafana, so on SQLite this revision does nothing.
 - ``grafana_overlap(s, e, f, t)``: fraction of [s, e] inside [f, t], to prorate waste to a range.
 - Indexes for the panels: BRIN on the rollups' ``bucket`` (fleet-wide panels filter on time
   alone, which the (gpu_pk, bucket) and (job_pk, bucket) b-trees cannot serve; rollups are
-  appended in time order, so a BRIN index is a few pages per GiB) and findings by end time.
+  appended in time order, so a BRIN index is a few pages per GiB), findings and jobs by end time.
   ("running jobs" panels use 0002's partial index ix_jobs_running.)
 
 Revision ID: 0004
@@ -90,8 +90,10 @@ $$
 INDEXES = {
     "ix_gpu_samples_1m_bucket_brin": "gpu_samples_1m USING brin (bucket)",
     "ix_job_samples_1m_bucket_brin": "job_samples_1m USING brin (bucket)",
-    # waste panels select findings overlapping the range: end_ts >= from is the selective side.
+    # Panels select findings and jobs overlapping the range; "ended after its start" is the
+    # selective side (a running job's end counts as infinity).
     "ix_flags_end_ts": "flags (end_ts)",
+    "ix_jobs_end_or_running": "jobs ((coalesce(end_ts, 'infinity'::double precision)))",
 }
 
 # Create-if-missing that survives another database's migration creating it at the same time.

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpufleet.agent.batching import Journal, OpenBatch, Row
-
 from gpufleet.protocol import AgentInfo, Allocation, Batch, Event, GpuInfo, JobInfo, decode, encode
 
 

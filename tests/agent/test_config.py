@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from gpufleet.agent.config import AgentConfig, env_name, load_config
 
+from gpufleet.agent.config import AgentConfig, env_name, load_config
 from gpufleet.cli import build_parser
 from gpufleet.commands.agent import config_from_args
 

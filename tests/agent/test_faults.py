@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from gpufleet.agent.batching import Journal
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.agent.simulator import SimulatedFleet

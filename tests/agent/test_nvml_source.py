@@ -188,3 +188,25 @@ def test_importing_the_agent_touches_no_nvml_and_no_server_packages() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_hopper_mig_instances_get_gpm_and_slurm_mapping_files(clock: Clock, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpufleet.agent.attribution.slurm import SlurmAttributor
+
+    g = h100(0, mig=True)
+    g.mig[0].sm_util, g.mig[1].sm_util = 25.0, 75.0
+    src = NvmlSource(FakeNvml([g], clock=clock), xid_events=False)
+    try:
+        devs = src.devices()
+        migs = [d for d in devs if d.mig_profile]
+        assert [m.mig_profile for m in migs] == ["3g.40gb", "3g.40gb"]
+        rows = {r.uuid: r.values for r in _two_reads(src, clock)}
+        assert rows[migs[0].uuid]["sm_active"] == pytest.approx(0.25)
+        assert rows[migs[1].uuid]["sm_active"] == pytest.approx(0.75)
+        jobs = tmp_path / "jobs"
+        jobs.mkdir()
+        (jobs / "0.2").write_text("5150\n")  # Slurm names a MIG instance <gpu index>.<gpu instance id>
+        a = SlurmAttributor(jobs, tmp_path / "x", tmp_path / "proc", gpu_instance_ids=src.gpu_instance_ids)
+        assert a.attribute(devs, [], 0.0).gpu_job == {migs[1].uuid: "5150"}
+    finally:
+        src.close()

@@ -27,7 +27,7 @@ class Scripted:
         outer = self
 
         class H(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.requests.append((time.monotonic(), dict(self.headers), body))
                 status, headers, payload = outer.script.pop(0) if outer.script else (200, {}, {"stored": 1})

@@ -8,8 +8,9 @@ from typing import Any
 def add_job(engine: Any, job_id: str, *, user: str = "alice", name: str = "train", account: str = "nlp",
             n_gpus: int = 4, node: str = "node-a", start: float, state: str = "running",
             cluster: str = "default") -> int:
-    from gpufleet.storage.models import Allocation, Cluster, Gpu, Job, Node
     from sqlalchemy import insert, select
+
+    from gpufleet.storage.models import Allocation, Cluster, Gpu, Job, Node
 
     with engine.begin() as c:
         cid = c.execute(select(Cluster.id).where(Cluster.name == cluster)).scalar()
@@ -30,8 +31,9 @@ def add_job(engine: Any, job_id: str, *, user: str = "alice", name: str = "train
 
 def add_flag(engine: Any, job_pk: int, kind: str, *, severity: str = "warning", wasted: float = 5.0,
              scope: str = "", now: float, evidence: dict[str, Any] | None = None, suggestion: str = "fix it") -> None:
-    from gpufleet.storage.models import Flag
     from sqlalchemy import insert
+
+    from gpufleet.storage.models import Flag
 
     with engine.begin() as c:
         c.execute(insert(Flag).values(job_pk=job_pk, kind=kind, scope=scope, severity=severity, start_ts=now - 3600,
@@ -40,8 +42,9 @@ def add_flag(engine: Any, job_pk: int, kind: str, *, severity: str = "warning", 
 
 
 def close_flags(engine: Any, job_pk: int, now: float) -> None:
-    from gpufleet.storage.models import Flag
     from sqlalchemy import update
+
+    from gpufleet.storage.models import Flag
 
     with engine.begin() as c:
         c.execute(update(Flag).where(Flag.job_pk == job_pk).values(open=False, resolved_at=now))
@@ -49,8 +52,9 @@ def close_flags(engine: Any, job_pk: int, now: float) -> None:
 
 def add_report(engine: Any, job_pk: int, *, now: float, score: float = 0.3, allocated: float = 20.0,
                wasted: float = 10.0) -> None:
-    from gpufleet.storage.models import JobReport
     from sqlalchemy import insert
+
+    from gpufleet.storage.models import JobReport
 
     with engine.begin() as c:
         c.execute(insert(JobReport).values(job_pk=job_pk, computed_at=now, analyzed_until=now, goodput_score=score,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from gpufleet.alerts.config import ConfigError, load_config, parse_config, parse_duration
 from gpufleet.alerts.decide import decide_job, faulty_nodes, route_for, silence_matches, suppression
 from gpufleet.alerts.digest import digest_due, group_digest

@@ -8,11 +8,12 @@ import time
 from typing import Any
 
 import pytest
+from sqlalchemy import select, update
+
 from gpufleet.alerts import outbox
 from gpufleet.alerts.config import AlertConfig, Delivery
 from gpufleet.alerts.ratelimit import MemoryLimiter
 from gpufleet.storage.alert_models import AlertOutbox
-from sqlalchemy import select, update
 
 T = AlertOutbox.__table__
 FAST = Delivery(rate_per_s=20.0, burst=2, timeout_s=1.0, max_attempts=6, backoff_base_s=0.05, backoff_max_s=0.2,

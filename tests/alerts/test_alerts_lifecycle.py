@@ -7,10 +7,11 @@ import threading
 from dataclasses import replace
 
 from alert_rows import add_flag, add_job, add_report, close_flags
+from sqlalchemy import func, insert, select
+
 from gpufleet.alerts.config import AlertConfig, Delivery
 from gpufleet.alerts.runner import evaluate
 from gpufleet.storage.alert_models import Alert, AlertOutbox, AlertSilence
-from sqlalchemy import func, insert, select
 
 NOW = 1_800_000_000.0
 CFG = AlertConfig(default_webhook="http://127.0.0.1:9/hook", delivery=Delivery(timeout_s=1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from gpufleet.alerts.ratelimit import MemoryLimiter, RedisLimiter, bucket_key
 
 

@@ -6,13 +6,14 @@ import json
 import re
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from gpufleet.alerts.config import FLAG_KINDS, AlertConfig
 from gpufleet.alerts.decide import Notification
 from gpufleet.alerts.escape import code, esc, truncate
 from gpufleet.alerts.facts import FlagFact, JobFacts
 from gpufleet.alerts.render import fit_limits, render_digest, render_job, render_sample
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 NOW = 1_800_000_000.0
 CFG = AlertConfig(default_webhook="http://x", base_url="https://fleet.example", grafana_url="https://grafana.example",

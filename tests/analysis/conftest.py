@@ -22,7 +22,6 @@ def sim_batches(job: Any, t_from: float, t_to: float, *, interval_s: float = 1.0
     """Protocol batches (one per node per ``chunk_s``) carrying ``job``'s samples over
     (t_from, t_to], as the agent would send them."""
     from gpufleet.agent.simulator import H100, H100_MEM, gpu_uuid, sample_job
-
     from gpufleet.protocol import AgentInfo, Allocation, Batch, GpuInfo
 
     seq = seq if seq is not None else {}

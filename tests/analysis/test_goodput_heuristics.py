@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from simjobs import analyze_data, generate, meta_of
+
 from gpufleet.agent.simulator import PROFILES, make_job
 from gpufleet.analysis.config import FLAG_KINDS, load_thresholds
 from gpufleet.analysis.features import hist_quantile, histograms, minute_features
 from gpufleet.analysis.report import MFU_BASIS, analyze
-from simjobs import analyze_data, generate, meta_of
 
 from .conftest import T0
 

@@ -51,7 +51,8 @@ def _live_batches(job: Any) -> list[Batch]:
 def _flags_by_cluster(engine: Any) -> dict[str, dict[str, list[tuple[Any, ...]]]]:
     out: dict[str, dict[str, list[tuple[Any, ...]]]] = defaultdict(dict)
     with engine.connect() as c:
-        q = (select(Cluster.name, Job.job_id, Flag.kind, Flag.severity, Flag.start_ts, Flag.end_ts, Flag.wasted_gpu_hours)
+        q = (select(Cluster.name, Job.job_id, Flag.kind, Flag.severity, Flag.start_ts, Flag.end_ts,
+                    Flag.wasted_gpu_hours)
              .join(Job, Job.cluster_id == Cluster.id).join(Flag, Flag.job_pk == Job.id, isouter=True))
         for cl, jid, kind, sev, t0, t1, w in c.execute(q):
             out[cl].setdefault(jid, [])

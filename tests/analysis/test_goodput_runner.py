@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
+
 from gpufleet.agent.simulator import make_job
 from gpufleet.analysis.runner import run_analysis
 from gpufleet.analysis.state import CACHE
 from gpufleet.storage.models import Flag, Job, JobReport
-from sqlalchemy import select
 
 from .conftest import T0, ingest
 

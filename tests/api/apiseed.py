@@ -10,6 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Engine, insert, select
+
+from gpufleet.catalog import CATALOG
 from gpufleet.storage.models import (
     Allocation,
     Cluster,
@@ -23,9 +26,6 @@ from gpufleet.storage.models import (
     job_samples_1m,
 )
 from gpufleet.storage.retention import day_of, ensure_partitions
-from sqlalchemy import Engine, insert, select
-
-from gpufleet.catalog import CATALOG
 
 XSS_NAME = "<script>alert(1)</script>"
 XSS_USER = '<img src=x onerror="window.__xss=1">'

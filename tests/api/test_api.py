@@ -222,6 +222,7 @@ def test_metrics_registry_is_per_app(sqlite_url: str, live_server: Callable[...,
 def test_readyz_reports_database_down() -> None:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
+
     from gpufleet.api import routes_ops
     from gpufleet.storage.db import make_engine
 

@@ -10,10 +10,11 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from gpufleet.storage.db import make_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
+
+from gpufleet.storage.db import make_engine
 
 from .conftest import make_batch
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
+
 from gpufleet.collector.ndjson import ImportError_, import_file
 from gpufleet.storage.db import make_engine
-from sqlalchemy import text
 
 from .test_ingest import counts
 

@@ -7,11 +7,11 @@ import time
 import httpx
 import numpy as np
 import pytest
-from gpufleet.storage.db import make_engine
 from sqlalchemy import text
 
 from gpufleet import protocol
 from gpufleet.catalog import CATALOG
+from gpufleet.storage.db import make_engine
 
 from .conftest import make_batch
 
@@ -148,9 +148,8 @@ def test_rollups_match_raw_samples(database_url, live_server) -> None:
 
 
 def test_events_and_job_lifecycle(database_url, live_server) -> None:
-    from gpufleet.storage.writes import close_stale_jobs
-
     from gpufleet.protocol import Event
+    from gpufleet.storage.writes import close_stale_jobs
 
     srv = live_server(database_url)
     now = time.time()

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpufleet.storage.db import make_engine
-from gpufleet.storage.migrate import upgrade
 from sqlalchemy import text
 
 from gpufleet import protocol
+from gpufleet.storage.db import make_engine
+from gpufleet.storage.migrate import upgrade
 
 from .conftest import make_batch
 

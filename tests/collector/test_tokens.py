@@ -6,9 +6,10 @@ import hashlib
 import time
 
 import pytest
+from sqlalchemy import text
+
 from gpufleet.storage import tokens
 from gpufleet.storage.db import make_engine
-from sqlalchemy import text
 
 from .conftest import make_batch
 from .test_ingest import counts, post

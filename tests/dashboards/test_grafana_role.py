@@ -8,9 +8,10 @@ import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy import inspect, text
+
 from gpufleet.storage.db import make_engine
 from gpufleet.storage.migrate import downgrade, upgrade
-from sqlalchemy import inspect, text
 
 ROLE = "gpufleet_grafana"
 VIEWS = {"grafana_gpus", "grafana_jobs", "grafana_flags"}
@@ -42,6 +43,8 @@ def test_role_reads_telemetry_and_views_only(pg_url: str) -> None:
     for write in ("INSERT", "UPDATE", "DELETE"):
         assert not _can(pg_url, "jobs", write)
     assert {r[0] for r in _q(pg_url, "SELECT viewname FROM pg_views WHERE viewname LIKE 'grafana_%'")} == VIEWS
+    indexes = {r[0] for r in _q(pg_url, "SELECT indexname FROM pg_indexes")}
+    assert {"ix_flags_end_ts", "ix_jobs_end_or_running", "ix_gpu_samples_1m_bucket_brin"} <= indexes
 
 
 def test_overlap_function_prorates(pg_url: str) -> None:
@@ -65,7 +68,8 @@ def test_downgrade_removes_it_and_upgrade_restores_it(pg_url: str, pg_factory: A
     downgrade(pg_url, "0003")
     assert not _q(pg_url, "SELECT viewname FROM pg_views WHERE viewname LIKE 'grafana_%'")
     assert not _q(pg_url, "SELECT 1 FROM pg_proc WHERE proname = 'grafana_overlap'")
-    assert not _q(pg_url, "SELECT 1 FROM pg_indexes WHERE indexname = 'ix_flags_end_ts'")
+    assert not _q(pg_url, "SELECT 1 FROM pg_indexes WHERE indexname IN ('ix_flags_end_ts', 'ix_jobs_end_or_running', "
+                          "'ix_gpu_samples_1m_bucket_brin', 'ix_job_samples_1m_bucket_brin')")
     assert not _can(pg_url, "jobs")
     # The role survives for the database that still uses it ...
     assert _q(pg_url, "SELECT 1 FROM pg_roles WHERE rolname = :r", r=ROLE)

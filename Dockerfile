@@ -1,0 +1,23 @@
+# gpufleet: one image for every role (serve, worker, beat, migrate, agent); the Helm chart picks
+# the role with the container's arguments.
+#   docker build -t ghcr.io/gpufleet/gpufleet:0.1.0 .
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY . .
+RUN pip install --no-cache-dir --upgrade pip \
+ && pip wheel --no-cache-dir --wheel-dir /wheels ".[server,agent]"
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    GPUFLEET_DASHBOARDS_DIR=/opt/gpufleet/dashboards/json
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels "gpufleet[server,agent]" \
+ && rm -rf /wheels \
+ && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin gpufleet
+# Dashboards for `gpufleet grafana push` (they are data, not part of the Python package).
+COPY dashboards/json /opt/gpufleet/dashboards/json
+USER 10001:10001
+EXPOSE 8000 9401
+ENTRYPOINT ["gpufleet"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,111 @@
+"""Run the NVML source (GPM included) against the real GPUs of this machine and print what it
+sampled, which fields were not available, and what one cycle costs.
+
+NOT YET RUN ON HARDWARE (no GPU machine was available when it was written); the fake
+NVML in gpufleet.agent.testing models the same calls. Run it on a GPU node:
+
+    .venv/bin/python bench/agent/nvml_real_gpu.py            # 30 cycles at 1 Hz
+    .venv/bin/python bench/agent/nvml_real_gpu.py --quick    # 5 cycles
+    .venv/bin/python bench/agent/nvml_real_gpu.py --load     # also keep GPU 0 busy (needs torch)
+
+It exits 0 when NVML answered and every catalog field the GPU supports came back in range;
+1 with the reason otherwise; 77 (skip) when there is no NVIDIA driver here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import threading
+import time
+
+IB_FIELDS = {"ib_tx_bytes_s", "ib_rx_bytes_s"}
+
+
+def _busy_gpu(stop: threading.Event) -> None:
+    try:
+        import torch
+    except ImportError:
+        print("--load: torch is not installed; sampling an idle GPU", file=sys.stderr)
+        return
+    a = torch.randn(8192, 8192, device="cuda:0", dtype=torch.bfloat16)
+    while not stop.is_set():
+        (a @ a).sum().item()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cycles", type=int)
+    ap.add_argument("--load", action="store_true", help="run a bf16 matmul loop on GPU 0 while sampling")
+    args = ap.parse_args()
+    cycles = args.cycles or (5 if args.quick else 30)
+
+    from gpufleet.agent.sources.nvml import NvmlSource, NvmlUnavailable
+    from gpufleet.catalog import CATALOG
+
+    src = NvmlSource()
+    try:
+        devices = src.devices()
+    except NvmlUnavailable as e:
+        print(f"skip: {e}")
+        return 77
+    print(f"{len(devices)} devices:")
+    for d in devices:
+        print(f"  {d.index}  {d.uuid}  {d.model}  mig={d.mig_profile}  mem={d.memory_total_bytes}")
+    gpm = [d.info.uuid for d in src._devices() if d.gpm]
+    print(f"GPM supported on {len(gpm)} of {len(devices)}")
+
+    stop = threading.Event()
+    loader = threading.Thread(target=_busy_gpu, args=(stop,), daemon=True)
+    if args.load:
+        loader.start()
+        time.sleep(3)
+
+    costs, calls = [], []
+    last = []
+    try:
+        for _ in range(cycles):
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            c0, w0 = src.nvml.calls, time.perf_counter()
+            last = src.read(time.time())
+            wall = time.perf_counter() - w0
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            costs.append((wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)))
+            calls.append(src.nvml.calls - c0)
+            time.sleep(max(0.0, 1.0 - wall))
+    finally:
+        stop.set()
+    events = src.drain_events()
+    src.close()
+
+    problems = []
+    for r in last:
+        missing = sorted(set(CATALOG.names) - IB_FIELDS - set(r.values))
+        print(f"\n{r.uuid}: {len(r.values)} fields, pids={list(r.pids)}")
+        for name in CATALOG.names:
+            if name in r.values:
+                f = CATALOG[name]
+                bad = f.check(r.values[name])
+                print(f"  {name:<22} {r.values[name]:>16.4f} {f.unit}{'   <-- ' + bad if bad else ''}")
+                if bad:
+                    problems.append(bad)
+        print(f"  not available: {', '.join(missing) or '-'}")
+    steady = costs[2:] or costs
+    wall_ms = sum(w for w, _ in steady) / len(steady) * 1000
+    cpu_ms = sum(c for _, c in steady) / len(steady) * 1000
+    print(f"\nper cycle over {len(steady)} steady cycles: wall {wall_ms:.2f} ms, CPU {cpu_ms:.2f} ms "
+          f"({cpu_ms / 10:.3f}% of one core at 1 Hz), {sum(calls[2:] or calls) / len(steady):.0f} NVML calls, "
+          f"{src.errors} NVML errors")
+    print(f"events: {[(e.kind, e.code) for e in events]}")
+    if not last:
+        problems.append("no GPU answered")
+    if problems:
+        print("PROBLEMS:\n  " + "\n  ".join(problems))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

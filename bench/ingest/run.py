@@ -1,0 +1,678 @@
+#!/usr/bin/env python
+"""Ingest, storage and query benchmark for the collector, side by side with references
+measured in the same run on the same machine:
+
+  1. end-to-end ingest over real HTTP into PostgreSQL (`gpufleet serve --workers N`), load
+     from `wrk` with >= 1,000 connections (simulated nodes) posting 80-row batches
+     (8 GPUs x 10 s, every catalog field), each request a distinct (boot_id, seq);
+  2. the same rows into VictoriaMetrics' /api/v1/import/prometheus (one sample per field);
+  3. raw binary COPY (asyncpg copy_records_to_table) of the same rows into a table with the
+     same columns and indexes: the database's own limit;
+  4. the same HTTP bench against SQLite;
+  5. storage: bytes per GPU-sample (raw) and per GPU-day including rollups, for a 64-GPU
+     job at 1 Hz, beside VictoriaMetrics holding the same samples;
+  6. query: that job's whole window as 1-minute series of every field, from the rollups,
+     p50 latency beside VictoriaMetrics answering the same question.
+
+Run:  .venv/bin/python bench/ingest/run.py [--quick]
+It creates and drops its own database (gpufleet_bench_<pid>) on --pg-admin (default the
+local server) and its own VictoriaMetrics data directory; it never touches anything else.
+Needs `wrk` and `victoria-metrics` (Debian packages); installs them with apt-get when run
+as root, otherwise says what is missing and skips those parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid as uuidlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from gpufleet.catalog import CATALOG  # noqa: E402
+from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+LUA = HERE / "post_bodies.lua"
+PY = sys.executable
+FIELDS = CATALOG.fields
+NAMES = CATALOG.names
+PLACEHOLDER = "@@@@BOOTKEY@@@@@"  # 16 characters, replaced per request by the wrk script
+GPUS_PER_NODE = 8
+SECONDS_PER_BATCH = 10
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 60.0) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listening on port {port} after {timeout:.0f} s")
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+def locate_tools() -> dict[str, str | None]:
+    need = {"wrk": "wrk", "victoria-metrics": "victoria-metrics"}
+    found = {k: shutil.which(k) for k in need}
+    missing = [need[k] for k, v in found.items() if v is None]
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        log(f"installing {' '.join(missing)} with apt-get")
+        subprocess.run(["apt-get", "install", "-y", *missing], capture_output=True, timeout=600)
+        found = {k: shutil.which(k) for k in need}
+    for k, v in found.items():
+        if v is None:
+            log(f"MISSING: {k} (Debian package {need[k]}); the parts needing it are skipped")
+    return found
+
+
+# --- data --------------------------------------------------------------------------------------
+
+def field_values(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """Plausible values within each field's range (smooth-ish, like real telemetry)."""
+    out: dict[str, np.ndarray] = {}
+    base = rng.uniform(0.2, 0.95)
+    for f in FIELDS:
+        if f.unit == "ratio":
+            v = np.clip(base + rng.normal(0, 0.05, n), 0, 1)
+        elif f.dtype == "i8":
+            v = np.zeros(n) if f.unit != "bitmask" else rng.choice([0.0, 1.0, 4.0], n)
+        elif f.name == "fb_total_bytes":
+            v = np.full(n, 80.0 * 2**30)
+        elif f.name == "fb_used_bytes":
+            v = np.full(n, 60.0 * 2**30) + rng.normal(0, 2**26, n)
+        elif f.name == "energy_j":
+            v = 1e7 + np.cumsum(rng.uniform(300, 700, n))
+        elif f.unit == "W":
+            v = rng.normal(500, 20, n)
+        elif f.unit == "C":
+            v = rng.normal(60, 2, n)
+        elif f.unit == "MHz":
+            v = np.full(n, 1980.0)
+        else:  # bytes/s
+            v = np.abs(rng.normal(1e9, 1e8, n))
+        out[f.name] = np.clip(v, f.min, f.max)
+    return out
+
+
+def gpu_uuid(node: str, g: int) -> str:
+    return f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f'{node}/{g}')}"
+
+
+class Templates:
+    """One 80-row batch per simulated node: the protocol body (msgpack with a boot id
+    placeholder), the same rows as Prometheus text for VictoriaMetrics, and as COPY tuples."""
+
+    def __init__(self, nodes: int, now: float, seed: int = 1) -> None:
+        rng = np.random.default_rng(seed)
+        self.nodes = nodes
+        self.batches: list[Batch] = []
+        start = now - 900
+        for i in range(nodes):
+            node = f"bench-{i:05d}"
+            job = f"bjob-{i // 8}"
+            n = GPUS_PER_NODE * SECONDS_PER_BATCH
+            vals = field_values(rng, n)
+            ts = [start + (i % 60) + s for s in range(SECONDS_PER_BATCH) for _ in range(GPUS_PER_NODE)]
+            gpus = [gpu_uuid(node, g) for _ in range(SECONDS_PER_BATCH) for g in range(GPUS_PER_NODE)]
+            samples: dict[str, list[Any]] = {"ts": ts, "gpu": gpus, "job": [job] * n}
+            for f in FIELDS:
+                v = vals[f.name]
+                samples[f.name] = [int(x) for x in v] if f.dtype == "i8" else v.tolist()
+            self.batches.append(Batch(
+                agent=AgentInfo(boot_id=PLACEHOLDER, seq=0, node=node, version="bench"),
+                gpus=[GpuInfo(index=g, uuid=gpu_uuid(node, g), model="NVIDIA H100 80GB HBM3")
+                      for g in range(GPUS_PER_NODE)],
+                jobs=[JobInfo(job_id=job, source="simulator", user=f"user{i % 50}")],
+                samples=samples,
+            ))
+        self.rows_per_batch = GPUS_PER_NODE * SECONDS_PER_BATCH
+        self.fields = len(NAMES)
+
+    def write_protocol(self, path: Path) -> int:
+        enc = msgspec.msgpack.Encoder()
+        size = 0
+        with path.open("wb") as f:
+            for b in self.batches:
+                body = enc.encode(b)
+                assert body.count(PLACEHOLDER.encode()) == 1
+                f.write(b"%010d" % len(body) + body)
+                size += len(body)
+        return size // len(self.batches)
+
+    def prom_lines(self, b: Batch) -> list[str]:
+        s = b.samples
+        labels = [f'{{cluster="default",node="{b.agent.node}",gpu="{u[-4:]}",uuid="{u}",job="{j}"}}'
+                  for u, j in zip(s["gpu"], s["job"], strict=True)]
+        tms = [int(t * 1000) for t in s["ts"]]
+        lines = []
+        for f in NAMES:
+            for lab, v, t in zip(labels, s[f], tms, strict=True):
+                lines.append(f"gpu_{f}{lab} {v} {t}")
+        return lines
+
+    def write_prometheus(self, path: Path) -> int:
+        size = 0
+        with path.open("wb") as f:
+            for b in self.batches:
+                body = ("\n".join(self.prom_lines(b)) + "\n").encode()
+                f.write(b"%010d" % len(body) + body)
+                size += len(body)
+        return size // len(self.batches)
+
+    def copy_records(self) -> list[tuple[Any, ...]]:
+        recs = []
+        for i, b in enumerate(self.batches):
+            s = b.samples
+            n = len(s["ts"])
+            cols = [s["ts"], [i * GPUS_PER_NODE + r % GPUS_PER_NODE + 1 for r in range(n)], [i // 8 + 1] * n]
+            cols += [s[f] for f in NAMES]
+            recs.extend(zip(*cols, strict=True))
+        return recs
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+class Proc:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+        self.log = open(log_path or os.devnull, "wb")  # noqa: SIM115
+        self.p = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=self.log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.p.pid, signal.SIGTERM)  # our own session: the server and its workers
+            try:
+                self.p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(10)
+        self.log.close()
+
+
+@contextlib.contextmanager
+def throwaway_db(admin: str, tag: str) -> Iterator[str]:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    name = f"gpufleet_bench_{os.getpid()}_{tag}"
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        c.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(admin).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute("select pg_terminate_backend(pid) from pg_stat_activity where datname = %s", (name,))
+            c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@contextlib.contextmanager
+def collector(url: str, workers: int, tmp: Path) -> Iterator[int]:
+    port = free_port()
+    env = {"GPUFLEET_DATABASE_URL": url, "GPUFLEET_ALLOW_ANONYMOUS": "true"}
+    p = Proc([PY, "-m", "gpufleet.cli", "serve", "--database-url", url, "--port", str(port), "--workers",
+              str(workers), "--allow-anonymous"], env, tmp / f"collector-{port}.log")
+    try:
+        wait_port(port)
+        time.sleep(1.0 + 0.5 * workers)  # every worker has bound and started its writer
+        yield port
+    finally:
+        p.stop()
+
+
+@contextlib.contextmanager
+def victoria(binary: str, tmp: Path) -> Iterator[int]:
+    port = free_port()
+    d = Path(tempfile.mkdtemp(prefix="vm-", dir=tmp))
+    p = Proc([binary, f"-storageDataPath={d}", f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y",
+              "-search.latencyOffset=0s", "-loggerLevel=ERROR", "-search.maxSamplesPerQuery=2000000000",
+              "-search.maxPointsPerTimeseries=100000"], None, tmp / f"vm-{port}.log")
+    try:
+        wait_port(port)
+        yield port
+    finally:
+        p.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_wrk(wrk: str, port: int, bodies: Path, path: str, ctype: str, *, conns: int, seconds: float,
+            threads: int, placeholder: str | None) -> dict[str, Any]:
+    args = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:.0f}s", "--timeout", "30s", "-s", str(LUA),
+            f"http://127.0.0.1:{port}", "--", str(bodies), path, ctype]
+    if placeholder:
+        args.append(placeholder)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
+    for line in out.stdout.splitlines():
+        if line.startswith("WRKJSON "):
+            return json.loads(line[8:])
+    raise RuntimeError(f"wrk said: {out.stdout[-2000:]} {out.stderr[-2000:]}")
+
+
+def count_rows(url: str) -> int:
+    from sqlalchemy import text
+
+    from gpufleet.storage.db import make_engine
+
+    e = make_engine(url)
+    try:
+        with e.connect() as c:
+            return int(c.execute(text("select count(*) from gpu_samples")).scalar_one())
+    finally:
+        e.dispose()
+
+
+def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path, tpl: Templates, args: Any,
+                tmp: Path, workers: int) -> dict[str, Any] | None:
+    from gpufleet.storage.migrate import upgrade
+
+    if not tools["wrk"]:
+        return None
+    upgrade(url)
+    with collector(url, workers, tmp) as port:
+        log(f"{name}: warm-up")
+        run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
+                seconds=args.warmup, threads=args.wrk_threads, placeholder=PLACEHOLDER)
+        before = count_rows(url)
+        t0 = time.time()
+        log(f"{name}: measuring {args.duration:.0f} s with {args.nodes} connections")
+        w = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
+                    seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER)
+        elapsed = w["duration_us"] / 1e6
+        time.sleep(1.0)
+        stored = count_rows(url) - before
+        _ = t0
+    ok = int(w["status"].get("200", 0))
+    return {"name": name, "requests_ok": ok, "status": w["status"], "elapsed": elapsed,
+            "rows_s": stored / elapsed, "acked_rows_s": ok * tpl.rows_per_batch / elapsed,
+            "field_samples_s": stored * tpl.fields / elapsed, "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3,
+            "errors": {k: v for k, v in w.items() if k.startswith("errors_") and v}}
+
+
+def vm_ingest(tools: dict[str, str | None], bodies: Path, tpl: Templates, args: Any, tmp: Path) -> dict[str, Any] | None:
+    if not (tools["wrk"] and tools["victoria-metrics"]):
+        return None
+    with victoria(tools["victoria-metrics"], tmp) as port:
+        log("victoria-metrics: warm-up")
+        run_wrk(tools["wrk"], port, bodies, "/api/v1/import/prometheus", "text/plain", conns=args.nodes,
+                seconds=args.warmup, threads=args.wrk_threads, placeholder=None)
+        log(f"victoria-metrics: measuring {args.duration:.0f} s")
+        w = run_wrk(tools["wrk"], port, bodies, "/api/v1/import/prometheus", "text/plain", conns=args.nodes,
+                    seconds=args.duration, threads=args.wrk_threads, placeholder=None)
+    ok = int(w["status"].get("204", 0)) + int(w["status"].get("200", 0))
+    elapsed = w["duration_us"] / 1e6
+    return {"name": "VictoriaMetrics /api/v1/import/prometheus", "requests_ok": ok, "status": w["status"],
+            "elapsed": elapsed, "rows_s": ok * tpl.rows_per_batch / elapsed,
+            "field_samples_s": ok * tpl.rows_per_batch * tpl.fields / elapsed,
+            "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3}
+
+
+def raw_copy(url: str, tpl: Templates, seconds: float) -> dict[str, Any]:
+    import asyncpg
+
+    from gpufleet.storage.db import asyncpg_dsn
+    from gpufleet.storage.migrate import upgrade
+
+    upgrade(url)
+    recs = tpl.copy_records()
+    cols = ["ts", "gpu_pk", "job_pk", *NAMES]
+
+    async def main() -> tuple[int, float]:
+        dsn = asyncpg_dsn(url)
+        c0 = await asyncpg.connect(dsn)
+        await c0.execute("CREATE TABLE bench_copy (LIKE gpu_samples INCLUDING DEFAULTS)")
+        await c0.execute("CREATE INDEX ON bench_copy (gpu_pk, ts)")
+        await c0.execute("CREATE INDEX ON bench_copy (job_pk, ts)")
+        await c0.execute("CREATE INDEX ON bench_copy USING brin (ts)")
+        await c0.close()
+        chunk = 8000
+        done = [0]
+        end = time.perf_counter() + seconds
+
+        async def worker(k: int) -> None:
+            c = await asyncpg.connect(dsn)
+            i = k * chunk
+            while time.perf_counter() < end:
+                part = recs[i % len(recs):i % len(recs) + chunk] or recs[:chunk]
+                await c.copy_records_to_table("bench_copy", records=part, columns=cols)
+                done[0] += len(part)
+                i += chunk
+            await c.close()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(2)))
+        return done[0], time.perf_counter() - t0
+
+    rows, el = asyncio.run(main())
+    return {"name": "PostgreSQL binary COPY (asyncpg, 2 connections, same indexes)", "rows_s": rows / el,
+            "field_samples_s": rows * len(NAMES) / el}
+
+
+# --- storage and query -------------------------------------------------------------------------------
+
+def job_dataset(hours: float, gpus: int, start: float) -> Iterator[tuple[int, np.ndarray, dict[str, np.ndarray]]]:
+    """(gpu, ts, field values) per GPU per hour of a `gpus`-GPU job at 1 Hz."""
+    for h in range(int(np.ceil(hours))):
+        n = int(min(3600, hours * 3600 - h * 3600))
+        ts = start + h * 3600 + np.arange(n, dtype=np.float64)
+        for g in range(gpus):
+            yield g, ts, field_values(np.random.default_rng(h * 1000 + g), n)
+
+
+def load_pg_dataset(url: str, hours: float, gpus: int, start: float) -> int:
+    from gpufleet.storage import retention
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.migrate import upgrade
+    from gpufleet.storage.writes import WriteCache, write_batches
+
+    upgrade(url)
+    e = make_engine(url)
+    retention.ensure_partitions(e, retention.days_of(np.array([start, start + hours * 3600])))
+    cache = WriteCache()
+    nodes = gpus // 8
+    rows = 0
+    seq = 0
+    per_hour: dict[int, list[tuple[np.ndarray, dict[str, np.ndarray]]]] = {}
+    for g, ts, vals in job_dataset(hours, gpus, start):
+        per_hour.setdefault(g // 8, []).append((ts, vals))
+        if len(per_hour) == nodes and all(len(v) == 8 for v in per_hour.values()):
+            batches = []
+            for node_i, lst in per_hour.items():
+                node = f"q-{node_i:03d}"
+                for s0 in range(0, len(lst[0][0]), 600):  # 10-minute batches of 8 GPUs
+                    sl = slice(s0, s0 + 600)
+                    ts_col, gpu_col, cols = [], [], {f: [] for f in NAMES}
+                    for gi, (t, v) in enumerate(lst):
+                        m = len(t[sl])
+                        ts_col += t[sl].tolist()
+                        gpu_col += [gpu_uuid(node, gi)] * m
+                        for f in FIELDS:
+                            x = v[f.name][sl]
+                            cols[f.name] += [int(y) for y in x] if f.dtype == "i8" else x.tolist()
+                    batches.append(Batch(agent=AgentInfo(boot_id="qboot", seq=seq, node=node),
+                                         gpus=[GpuInfo(index=i, uuid=gpu_uuid(node, i)) for i in range(8)],
+                                         jobs=[JobInfo(job_id="qjob", source="simulator", user="q")],
+                                         samples={"ts": ts_col, "gpu": gpu_col, "job": ["qjob"] * len(ts_col), **cols}))
+                    seq += 1
+            with e.begin() as c:
+                rows += write_batches(c, batches, time.time(), cache).stored
+            per_hour = {}
+    e.dispose()
+    import psycopg
+
+    from gpufleet.storage.db import asyncpg_dsn
+
+    with psycopg.connect(asyncpg_dsn(url), autocommit=True) as c:
+        c.execute("VACUUM ANALYZE")
+    return rows
+
+
+def load_vm_dataset(port: int, hours: float, gpus: int, start: float) -> int:
+    import httpx
+
+    enc = msgspec.json.Encoder()
+    url = f"http://127.0.0.1:{port}/api/v1/import"
+    client = httpx.Client(timeout=120)
+    total = [0]
+
+    def send(item: tuple[int, np.ndarray, dict[str, np.ndarray]]) -> None:
+        g, ts, vals = item
+        node = f"q-{g // 8:03d}"
+        tms = (ts * 1000).astype(np.int64).tolist()
+        lines = []
+        for f in NAMES:
+            lines.append(enc.encode({"metric": {"__name__": f"gpu_{f}", "cluster": "default", "node": node,
+                                                "gpu": str(g % 8), "uuid": gpu_uuid(node, g % 8), "job": "qjob"},
+                                     "values": vals[f].tolist(), "timestamps": tms}))
+        r = client.post(url, content=b"\n".join(lines))
+        r.raise_for_status()
+        total[0] += len(ts) * len(NAMES)
+
+    with ThreadPoolExecutor(2) as ex:
+        list(ex.map(send, job_dataset(hours, gpus, start)))
+    client.get(f"http://127.0.0.1:{port}/internal/force_flush")
+    client.close()
+    return total[0]
+
+
+def pg_sizes(url: str) -> dict[str, int]:
+    import psycopg
+
+    from gpufleet.storage.db import asyncpg_dsn
+
+    out = {}
+    with psycopg.connect(asyncpg_dsn(url)) as c:
+        for t in ("gpu_samples", "gpu_samples_1m", "job_samples_1m"):
+            out[t] = int(c.execute(
+                "select coalesce(sum(pg_total_relation_size(inhrelid)), 0) from pg_inherits "
+                "where inhparent = %s::regclass", (t,)).fetchone()[0])
+    return out
+
+
+def vm_size(port: int) -> int:
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vm_data_size_bytes")))
+
+
+def p50(fn: Any, runs: int) -> float:
+    fn()  # warm caches
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1000
+
+
+def query_bench(url: str, port: int | None, hours: float, start: float, runs: int) -> dict[str, Any]:
+    import httpx
+    import psycopg
+
+    from gpufleet.storage.db import asyncpg_dsn
+
+    a, b = start, start + hours * 3600
+    cols = ", ".join(NAMES)
+    out: dict[str, Any] = {}
+    with psycopg.connect(asyncpg_dsn(url)) as c:
+        jpk = c.execute("select id from jobs where job_id = 'qjob'").fetchone()[0]
+
+        def job_series() -> int:
+            return len(c.execute(f"select bucket, n, {cols} from job_samples_1m where job_pk = %s and bucket >= %s "
+                                 "and bucket < %s order by bucket", (jpk, a, b)).fetchall())
+
+        def gpu_series() -> int:
+            return len(c.execute(f"select gpu_pk, bucket, n, {cols} from gpu_samples_1m where job_pk = %s and "
+                                 "bucket >= %s and bucket < %s order by gpu_pk, bucket", (jpk, a, b)).fetchall())
+
+        out["pg_job_rows"] = job_series()
+        out["pg_gpu_rows"] = gpu_series()
+        out["pg_job_ms"] = p50(job_series, runs)
+        out["pg_gpu_ms"] = p50(gpu_series, runs)
+    if port is not None:
+        client = httpx.Client(timeout=300)
+        by_kind: dict[str, list[str]] = {}
+        for f in FIELDS:
+            by_kind.setdefault(f.rollup, []).append(f"gpu_{f.name}")
+        fn = {"mean": "avg_over_time", "sum_rate": "avg_over_time", "max": "max_over_time", "last": "last_over_time"}
+        agg = {"mean": "avg", "sum_rate": "avg", "max": "max", "last": "max"}
+
+        def vm(job_level: bool) -> int:
+            pts = 0
+            for kind, names in by_kind.items():
+                sel = f'{{__name__=~"{"|".join(names)}",job="qjob"}}'
+                q = f"{fn[kind]}({sel}[1m]) keep_metric_names"
+                if job_level:
+                    q = f"{agg[kind]} by (__name__) ({q})"
+                r = client.get(f"http://127.0.0.1:{port}/api/v1/query_range",
+                               params={"query": q, "start": a + 60, "end": b, "step": "60s"})
+                r.raise_for_status()
+                pts += sum(len(s["values"]) for s in r.json()["data"]["result"])
+            return pts
+
+        out["vm_job_points"] = vm(True)
+        out["vm_gpu_points"] = vm(False)
+        out["vm_job_ms"] = p50(lambda: vm(True), runs)
+        out["vm_gpu_ms"] = p50(lambda: vm(False), runs)
+        client.close()
+    return out
+
+
+# --- main ----------------------------------------------------------------------------------------------
+
+def fmt(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.0f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short runs and a 2-hour query window (noisy)")
+    ap.add_argument("--nodes", type=int, default=1000, help="simulated nodes = concurrent connections (default 1000)")
+    ap.add_argument("--duration", type=float, default=None, help="seconds per measured run (default 30, quick 10)")
+    ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up (default 5, quick 3)")
+    ap.add_argument("--workers", type=int, default=2, help="collector processes on PostgreSQL (default 2)")
+    ap.add_argument("--wrk-threads", type=int, default=2)
+    ap.add_argument("--query-hours", type=float, default=None, help="query window (default 24, quick 2)")
+    ap.add_argument("--query-gpus", type=int, default=64)
+    ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument("--skip", action="append", default=[], choices=["pg", "vm", "copy", "sqlite", "query"])
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args()
+    args.duration = args.duration or (10.0 if args.quick else 30.0)
+    args.warmup = args.warmup or (3.0 if args.quick else 5.0)
+    args.query_hours = args.query_hours or (2.0 if args.quick else 24.0)
+
+    tools = locate_tools()
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
+    res: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                           "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    try:
+        tpl = Templates(args.nodes, time.time())
+        proto = tmp / "proto.bin"
+        prom = tmp / "prom.bin"
+        res["body_bytes_protocol"] = tpl.write_protocol(proto)
+        res["body_bytes_prometheus"] = tpl.write_prometheus(prom)
+        if "pg" not in args.skip:
+            with throwaway_db(args.pg_admin, "http") as url:
+                res["pg"] = http_ingest(f"gpufleet -> PostgreSQL ({args.workers} workers)", url, tools, proto, tpl,
+                                        args, tmp, args.workers)
+        if "vm" not in args.skip:
+            res["vm"] = vm_ingest(tools, prom, tpl, args, tmp)
+        if "copy" not in args.skip:
+            with throwaway_db(args.pg_admin, "copy") as url:
+                log("raw COPY")
+                res["copy"] = raw_copy(url, tpl, args.duration)
+        if "sqlite" not in args.skip:
+            url = f"sqlite:///{tmp / 'bench.db'}"
+            res["sqlite"] = http_ingest("gpufleet -> SQLite (1 worker)", url, tools, proto, tpl, args, tmp, 1)
+        if "query" not in args.skip:
+            start = (time.time() // 86400) * 86400 - 3 * 86400
+            with throwaway_db(args.pg_admin, "query") as url:
+                log(f"query: loading a {args.query_gpus}-GPU job, {args.query_hours:g} h at 1 Hz into PostgreSQL")
+                t = time.time()
+                rows = load_pg_dataset(url, args.query_hours, args.query_gpus, start)
+                res["dataset_pg_rows_s"] = rows / (time.time() - t)
+                sizes = pg_sizes(url)
+                gpu_days = args.query_gpus * args.query_hours / 24
+                res["storage"] = {"rows": rows, **sizes, "raw_bytes_per_gpu_sample": sizes["gpu_samples"] / rows,
+                                  "bytes_per_gpu_day": sum(sizes.values()) / gpu_days,
+                                  "rollup_bytes_per_gpu_day": (sizes["gpu_samples_1m"] + sizes["job_samples_1m"]) / gpu_days}
+                if tools["victoria-metrics"]:
+                    with victoria(tools["victoria-metrics"], tmp) as port:
+                        log("query: loading the same samples into VictoriaMetrics")
+                        samples = load_vm_dataset(port, args.query_hours, args.query_gpus, start)
+                        time.sleep(2)
+                        vsize = vm_size(port)
+                        res["storage"]["vm_bytes"] = vsize
+                        res["storage"]["vm_bytes_per_field_sample"] = vsize / samples
+                        res["storage"]["vm_bytes_per_gpu_day"] = vsize / gpu_days
+                        res["query"] = query_bench(url, port, args.query_hours, start, 7 if args.quick else 15)
+                else:
+                    res["query"] = query_bench(url, None, args.query_hours, start, 7 if args.quick else 15)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(res)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+def report(r: dict[str, Any]) -> None:
+    print(f"\n## results ({r['started']}, {r['cpus']} CPUs, {r['args']['nodes']} connections, "
+          f"{r['args']['duration']:.0f} s runs{', quick' if r['args']['quick'] else ''})\n")
+    print(f"request bodies: protocol msgpack {r['body_bytes_protocol']} B (80 rows x {len(NAMES)} fields), "
+          f"Prometheus text {r['body_bytes_prometheus']} B\n")
+    print("| path | rows/s | field-samples/s | p50 ack | p99 ack | notes |")
+    print("|---|---|---|---|---|---|")
+    for k in ("pg", "sqlite", "vm", "copy"):
+        x = r.get(k)
+        if not x:
+            continue
+        lat = (f"{x['p50_ms']:.0f} ms", f"{x['p99_ms']:.0f} ms") if "p50_ms" in x else ("-", "-")
+        note = f"status {x.get('status')}" if "status" in x else ""
+        print(f"| {x['name']} | {fmt(x['rows_s'])} | {fmt(x['field_samples_s'])} | {lat[0]} | {lat[1]} | {note} |")
+    pg, vm, cp = r.get("pg"), r.get("vm"), r.get("copy")
+    if pg and vm:
+        print(f"\ngpufleet/PostgreSQL vs VictoriaMetrics field-samples/s: **{pg['field_samples_s'] / vm['field_samples_s']:.2f}x** (goal >= 3x)")
+    if pg and cp:
+        print(f"gpufleet/PostgreSQL vs raw binary COPY rows/s: **{100 * pg['rows_s'] / cp['rows_s']:.0f}%** (goal >= 35%)")
+    if r.get("sqlite") and vm:
+        print(f"gpufleet/SQLite vs VictoriaMetrics field-samples/s: {r['sqlite']['field_samples_s'] / vm['field_samples_s']:.2f}x")
+    s = r.get("storage")
+    if s:
+        print(f"\nstorage ({s['rows']} GPU-samples of a {r['args']['query_gpus']}-GPU job, PostgreSQL after VACUUM): "
+              f"raw {s['raw_bytes_per_gpu_sample']:.0f} B per GPU-sample ({s['raw_bytes_per_gpu_sample'] / len(NAMES):.1f} B per field-sample), "
+              f"{s['bytes_per_gpu_day'] / 2**20:.1f} MiB per GPU-day including rollups "
+              f"(rollups {s['rollup_bytes_per_gpu_day'] / 2**20:.2f} MiB)")
+        if "vm_bytes" in s:
+            print(f"VictoriaMetrics, same samples: {s['vm_bytes_per_field_sample']:.2f} B per field-sample, "
+                  f"{s['vm_bytes_per_gpu_day'] / 2**20:.1f} MiB per GPU-day (its background merges may shrink it later)")
+    q = r.get("query")
+    if q:
+        h = r["args"]["query_hours"]
+        print(f"\nquery: {r['args']['query_gpus']}-GPU job, {h:g} h, 1-minute series of all {len(NAMES)} fields (p50)")
+        print("| question | gpufleet (PostgreSQL rollups) | VictoriaMetrics (raw 1 Hz, *_over_time[1m]) |")
+        print("|---|---|---|")
+        vj = f"{q['vm_job_ms']:.0f} ms ({q['vm_job_points']} points)" if "vm_job_ms" in q else "-"
+        vg = f"{q['vm_gpu_ms']:.0f} ms ({q['vm_gpu_points']} points)" if "vm_gpu_ms" in q else "-"
+        print(f"| job-level series | {q['pg_job_ms']:.1f} ms ({q['pg_job_rows']} rows) | {vj} |")
+        print(f"| per-GPU series | {q['pg_gpu_ms']:.1f} ms ({q['pg_gpu_rows']} rows) | {vg} |")
+        if "dataset_pg_rows_s" in r:
+            print(f"\n(loading that job through write_batches in-process: {fmt(r['dataset_pg_rows_s'])} rows/s)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Kubernetes attribution against a fake kubelet PodResources gRPC server on a unix socket."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gpufleet.agent.attribution.kubernetes import SERVICE, KubernetesAttributor, messages
+from gpufleet.agent.sources.base import GpuReading
+from gpufleet.protocol import GpuInfo
+
+from .test_attribution import fake_proc
+
+
+class FakeKubelet:
+    def __init__(self, sock: Path) -> None:
+        self.pods: list[tuple[str, str, str, str, list[str]]] = []  # ns, pod, container, resource, ids
+        self.calls = 0
+        m = messages()
+
+        def list_(request: object, context: object) -> object:
+            self.calls += 1
+            resp = m["ListPodResourcesResponse"]()
+            for ns, pod, ctr, res, ids in self.pods:
+                p = resp.pod_resources.add(name=pod, namespace=ns)
+                c = p.containers.add(name=ctr)
+                c.devices.add(resource_name=res, device_ids=ids)
+            return resp
+
+        handler = grpc.method_handlers_generic_handler(SERVICE, {
+            "List": grpc.unary_unary_rpc_method_handler(
+                list_, request_deserializer=m["ListPodResourcesRequest"].FromString,
+                response_serializer=m["ListPodResourcesResponse"].SerializeToString)})
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((handler,))
+        self.server.add_insecure_port(f"unix:{sock}")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+@pytest.fixture
+def sock() -> Iterator[Path]:
+    # unix socket paths are limited to ~107 bytes: pytest's tmp_path can be longer
+    with tempfile.TemporaryDirectory(prefix="gf-kubelet-") as d:
+        yield Path(d) / "kubelet.sock"
+
+
+DEVICES = [GpuInfo(index=0, uuid="GPU-0"), GpuInfo(index=1, uuid="GPU-1"), GpuInfo(index=2, uuid="GPU-2"),
+           GpuInfo(index=2, uuid="MIG-2a", mig_profile="1g.10gb", parent_uuid="GPU-2")]
+
+
+def test_list_maps_gpus_to_pods_even_when_idle(sock: Path, tmp_path: Path) -> None:
+    kubelet = FakeKubelet(sock)
+    try:
+        kubelet.pods = [("ml", "trainer-0", "main", "nvidia.com/gpu", ["GPU-0", "GPU-1"]),
+                        ("ml", "infer-7", "srv", "nvidia.com/mig-1g.10gb", ["MIG-2a"]),
+                        ("default", "web", "nginx", "cpu", ["0", "1"])]
+        k = KubernetesAttributor(sock, proc_root=tmp_path, ttl_s=60)
+        a = k.attribute(DEVICES, [GpuReading("GPU-0"), GpuReading("GPU-1")], 0.0)  # no processes at all
+        assert a.gpu_job == {"GPU-0": "ml/trainer-0", "GPU-1": "ml/trainer-0", "MIG-2a": "ml/infer-7"}
+        j = a.jobs["ml/trainer-0"]
+        assert (j.source, j.namespace, j.name, j.labels["container"]) == ("kubernetes", "ml", "trainer-0", "main")
+        k.attribute(DEVICES, [], 1.0)
+        assert kubelet.calls == 1, "answers are cached for ttl_s"
+    finally:
+        kubelet.stop()
+
+
+def test_pod_uid_from_cgroup_when_the_kubelet_is_away(sock: Path, tmp_path: Path) -> None:
+    uid = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
+    fake_proc(tmp_path, 77, f"0::/kubepods/burstable/pod{uid}/cri-abc\n")
+    k = KubernetesAttributor(sock, proc_root=tmp_path, ttl_s=0, timeout_s=0.5)  # nothing listens on sock
+    a = k.attribute(DEVICES, [GpuReading("GPU-1", pids=(77,)), GpuReading("GPU-0", pids=(78,))], 0.0)
+    assert a.gpu_job == {"GPU-1": f"pod-uid/{uid}"} and k.errors == 1
+    assert a.jobs[f"pod-uid/{uid}"].labels == {"pod_uid": uid}
