@@ -104,6 +104,7 @@ def sample_once(cfg: AgentConfig, sources: list[tuple[str, Source]], *, print_: 
                     out.write(f"node {node}: sent {sent} batch(es); {len(agent.spool)} left in {agent.spool.dir}\n")
             finally:
                 agent.journal.close()
+                agent.spool.unlock()
                 agent.sender.close()
                 source.close()
     if as_json:

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 DEVICES_TTL_S = 30.0  # re-enumerate GPUs this often (hot-plug, MIG reconfiguration)
 SHUTDOWN_DRAIN_S = 5.0
+MAX_REMEMBERED_ALLOCATIONS = 4096
 MAX_OPEN_BATCHES = 10  # flush intervals of rows kept in memory while the disk refuses them
 
 
@@ -87,6 +88,7 @@ class Agent:
         """Recover what a previous run left (open journal -> spool) and open a batch."""
         if self._started:
             return
+        self.spool.lock()
         self._started = True
         left = self.journal.recover()
         if left is not None and not left.empty():
@@ -135,6 +137,7 @@ class Agent:
             self.journal.close()
             self.sender.close()
             self.metrics.stop()
+            self.spool.unlock()
             try:
                 self.source.close()
             except Exception as e:  # closing must not hide why we stopped
@@ -187,6 +190,8 @@ class Agent:
                 ok = start is not None and 946684800 < start <= now  # the collector refuses others
                 since = self._alloc_since[(gpu, job_id)] = start if ok else now  # type: ignore[assignment]
             allocations.append(Allocation(gpu_uuid=gpu, job_id=job_id, since=since))
+        if len(self._alloc_since) > MAX_REMEMBERED_ALLOCATIONS:  # months of short jobs: forget ended ones
+            self._alloc_since = {(a.gpu_uuid, a.job_id): a.since for a in allocations}
         assert self._open is not None
         part = self._open.new_part(now, rows, s.devices, jobs.values(), allocations, s.events)
         try:

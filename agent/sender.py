@@ -3,7 +3,8 @@ ingest contract:
 
 * 200                     stored (or a duplicate): forget the batch
 * 400/413/415/422         permanent: dead-letter it with the server's reason, move on
-* 401/403                 configuration error: log loudly, keep the batch, retry slowly
+* 401/403, 409            configuration error (token; node name clash): log loudly, keep
+                          the batch, retry with backoff
 * 429/503 + Retry-After   wait as told (capped), then retry the same batch
 * other 5xx, no answer    exponential backoff with full jitter, then retry the same batch
 """
@@ -25,7 +26,7 @@ from .spool import Spool, SpoolItem
 log = logging.getLogger(__name__)
 
 PERMANENT = frozenset({400, 413, 415, 422})
-AUTH = frozenset({401, 403})
+AUTH = frozenset({401, 403, 409})  # 409: another node reports our GPUs (a config error too)
 THROTTLE = frozenset({429, 503})
 
 
@@ -171,9 +172,10 @@ class Sender:
             now = time.monotonic()
             if now - self._last_auth_log > 60:
                 self._last_auth_log = now
-                log.error("collector %s refused our token (HTTP %s: %s): check --token / GPUFLEET_AGENT_TOKEN; "
-                          "keeping %d batches spooled in %s", self.url, r.status, r.detail, len(self.spool),
-                          self.spool.dir)
+                what = ("refused our token (HTTP %s: %s): check --token / GPUFLEET_AGENT_TOKEN" if r.status != 409
+                        else "reports a conflict (HTTP %s: %s): check --node / --cluster")
+                log.error("collector %s " + what + "; keeping %d batches spooled in %s", self.url, r.status, r.detail,
+                          len(self.spool), self.spool.dir)
             return r, delay
         if r.outcome is Outcome.THROTTLED and r.retry_after is not None:
             return r, min(r.retry_after, self.retry_after_max_s)

@@ -14,6 +14,7 @@ past ``max_bytes`` the oldest batches are deleted, counted in ``dropped_*`` and 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -74,8 +75,31 @@ class Spool:
         self._lock = threading.Lock()
         self._items: list[SpoolItem] = []
         self._inflight: Path | None = None
+        self._lock_fd: int | None = None
+        self._next_order = 1
         self.queue_dir.mkdir(parents=True, exist_ok=True)
         self._scan()
+
+    def lock(self) -> None:
+        """Take the spool for this agent alone: two agents sharing a spool would send each
+        other's batches and tear the journal. The OS drops the lock when the process dies."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another agent"
+            os.close(fd)
+            raise RuntimeError(f"spool {self.dir} is in use by {holder}: give each agent its own --spool-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
 
     @property
     def journal_path(self) -> Path:
@@ -126,7 +150,8 @@ class Spool:
                           key, rows, size, self.max_bytes)
                 return None
             self._make_room(size)
-            order = self._items[-1].order + 1 if self._items else 1
+            order = max(self._items[-1].order + 1 if self._items else 1, self._next_order)
+            self._next_order = order + 1
             path = self.queue_dir / f"{order:016d}-{rows}{_SUFFIX}"
             tmp = path.with_name(path.name + ".tmp")
             with open(tmp, "wb") as f:
@@ -182,7 +207,8 @@ class Spool:
     def dead_letter(self, item: SpoolItem, status: int, reason: str) -> Path:
         """Move a permanently rejected batch aside with the collector's reason."""
         self.dead_dir.mkdir(exist_ok=True)
-        target = self.dead_dir / item.path.name
+        # Queue names restart when the queue empties; the time keeps dead letters apart and in order.
+        target = self.dead_dir / f"{time.time_ns() // 1000:017d}-{item.path.name}"
         with self._lock:
             self._remove(item)
             try:
@@ -193,7 +219,25 @@ class Spool:
             with open(self.dead_dir / "reasons.jsonl", "a") as f:
                 f.write(json.dumps({"file": target.name, "key": header.get("key"), "rows": item.rows,
                                     "status": status, "reason": reason, "at": time.time()}) + "\n")
+            self._trim_dead()
         return target
+
+    def _trim_dead(self) -> None:
+        """Dead letters are for a person to look at, not to keep forever: a quarter of the spool
+        bound for batches (oldest go first), and the reasons log cut to its newest half at 1 MiB."""
+        limit = self.max_bytes // 4
+        files = sorted(p for p in self.dead_dir.iterdir() if p.name.endswith(_SUFFIX))
+        sizes = {p: p.stat().st_size for p in files}
+        total = sum(sizes.values())
+        for p in files[:-1]:
+            if total <= limit:
+                break
+            total -= sizes[p]
+            p.unlink(missing_ok=True)
+        reasons = self.dead_dir / "reasons.jsonl"
+        if reasons.stat().st_size > 1024 * 1024:
+            lines = reasons.read_text().splitlines(keepends=True)
+            reasons.write_text("".join(lines[len(lines) // 2 :]))
 
     def _remove(self, item: SpoolItem) -> None:
         if item in self._items:

@@ -190,7 +190,9 @@ def minute_features(
     # Median spacing of consecutive samples of the same GPU: the agent's interval.
     dts = np.diff(ts)[~new[1:]] if len(ts) > 1 else np.zeros(0)
     dts = dts[dts > 0]
-    interval = float(np.median(dts)) if len(dts) else 1.0
+    # Rounded to 0.1 s: the agent's configured interval, stable under timestamp jitter, so a
+    # job read in pieces (incremental) and read whole give the same report.
+    interval = max(0.1, round(float(np.median(dts)), 1)) if len(dts) else 1.0
     return MinuteFeatures(b0=lo, n=n, f=out, interval_s=interval)
 
 

@@ -146,6 +146,10 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
         })
 
     active_hours = allocated * active_share if active_share is not None else 0.0
+    notes = []
+    if feats.interval_s > 2.5:
+        notes.append(f"samples every {feats.interval_s:g} s: input_stall (the busy/idle alternation) needs <= 2 s "
+                     "sampling; a stalled job shows as low_sm_activity instead")
     report = {
         "version": REPORT_VERSION,
         "job_id": meta.job_id,
@@ -164,5 +168,6 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
                    "wasted_gpu_hours": f.wasted_gpu_hours} for f in findings],
         "per_gpu": per_gpu,
         "sample_interval_s": _r(feats.interval_s, 3),
+        "notes": notes,
     }
     return JobAnalysis(report, findings, score, round(allocated, 4), round(wasted_total, 4))

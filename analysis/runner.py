@@ -14,10 +14,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, and_, exists, or_, select, text
+from sqlalchemy import Engine, and_, exists, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -131,16 +132,32 @@ def _job_gpus(conn: Connection, job_pk: int, extra: set[int]) -> dict[int, tuple
     return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
 
 
-_COLS = ", ".join(RAW_FIELDS)
+# NULL -> -1 in SQL (every field read is >= 0 by the catalog), so rows convert to numpy with
+# one np.fromiter over plain floats instead of a per-value None check (10x faster).
+_COLS = ", ".join(f"COALESCE({f}, -1)" for f in RAW_FIELDS)
+_NCOL = 2 + len(RAW_FIELDS)
 
 
 def _read_samples(conn: Connection, job_pk: int, since: float) -> np.ndarray:
     """(rows, 2 + len(RAW_FIELDS)) float64: ts, gpu_pk, fields (NaN = NULL)."""
-    q = text(f"SELECT ts, gpu_pk, {_COLS} FROM gpu_samples WHERE job_pk = :pk AND ts >= :since ORDER BY gpu_pk, ts")
-    rows = conn.execute(q, {"pk": job_pk, "since": since if np.isfinite(since) else -1e18}).fetchall()
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    sql = (f"SELECT ts, gpu_pk, {_COLS} FROM gpu_samples WHERE job_pk = {mark} AND ts >= {mark} "
+           "ORDER BY gpu_pk, ts")
+    params = (job_pk, float(since) if np.isfinite(since) else -1e18)
+    if conn.dialect.name == "postgresql":
+        # Binary results: floats arrive as 8 bytes, not text to parse (2-3x faster); never
+        # server-prepared (psycopg's auto-prepare ends in DEALLOCATE ALL after a rollback).
+        with conn.connection.driver_connection.cursor(binary=True) as cur:
+            cur.execute(sql, params, prepare=False)
+            rows = cur.fetchall()
+    else:
+        rows = conn.exec_driver_sql(sql, params).fetchall()
     if not rows:
-        return np.zeros((0, 2 + len(RAW_FIELDS)))
-    return np.array(rows, dtype=np.float64)
+        return np.zeros((0, _NCOL))
+    data = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=len(rows) * _NCOL).reshape(-1, _NCOL)
+    vals = data[:, 2:]
+    vals[vals < 0] = np.nan
+    return data
 
 
 def _update_state(conn: Connection, job_pk: int, st: JobState | None, th: Thresholds) -> tuple[JobState, int]:

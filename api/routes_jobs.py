@@ -50,11 +50,12 @@ def read_jobs(
                      sort=sort, order=order, limit=limit, cursor=cursor)
 
 
-def grafana_link(base: str, cluster: str, job: dict[str, Any]) -> str:
-    # Grafana dashboard uid "gpufleet-job" (dashboards/), variables cluster and job_id.
+def grafana_link(base: str, cluster: str, job_pk: int, job: dict[str, Any]) -> str:
+    # dashboards/json/gpufleet-job.json: uid "gpufleet-job"; its "job" variable's value is
+    # the job's primary key (its text shows the job id), "cluster" the cluster name.
     start = job.get("start_ts") or now() - 3600
     end = job.get("end_ts")
-    q = {"var-cluster": cluster, "var-job_id": job["job_id"], "from": int(start * 1000),
+    q = {"var-cluster": cluster, "var-job": job_pk, "from": int(start * 1000),
          "to": int(end * 1000) if end else "now"}
     return f"{base.rstrip('/')}/d/gpufleet-job/gpufleet-job?{urlencode(q)}"
 
@@ -70,33 +71,9 @@ def per_gpu_csv(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-@router.get("/{job_id}", response_model=JobPublic, summary="One job: metadata, GPUs, report, flags",
-            responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}},
-                             "description": "JSON, or with Accept: text/csv the per-GPU report"},
-                       404: {"description": "no such job"}})
-def read_job(job_id: JobIdPath, session: SessionDep, settings: SettingsDep, request: Request,
-             cluster: ClusterQ = DEFAULT_CLUSTER,
-             format: Annotated[Literal["json", "csv"] | None,
-                               Query(description="csv = per-GPU report (same as Accept: text/csv)")] = None,
-             accept: Annotated[str | None, Header(max_length=512)] = None) -> Any:
-    found = find_job(session, cluster, job_id)
-    if found is None:
-        raise HTTPException(404, f"no job {job_id!r} in cluster {cluster!r}")
-    detail = job_detail(session, *found)
-    wants_csv = format == "csv" or (format is None and accept is not None and "text/csv" in accept
-                                    and "application/json" not in accept)
-    if wants_csv:
-        name = quote(f"{cluster}-{job_id}-gpus.csv", safe="")
-        return Response(per_gpu_csv(detail["per_gpu"]), media_type="text/csv; charset=utf-8",
-                        headers={"Content-Disposition": f"attachment; filename*=UTF-8''{name}"})
-    links = {"web": f"/jobs/{quote(job_id, safe='')}?{urlencode({'cluster': cluster})}",
-             "timeseries": f"/api/v1/jobs/{quote(job_id, safe='')}/timeseries?{urlencode({'cluster': cluster})}"}
-    if settings.grafana_url:
-        links["grafana"] = grafana_link(settings.grafana_url, cluster, detail)
-    return {**detail, "links": links}
-
-
-@router.get("/{job_id}/timeseries", response_model=TimeseriesPublic,
+# Job ids may hold "/" (Kubernetes jobs are "namespace/pod"), hence the path converters;
+# the time-series route is declared first so ".../timeseries" is not read as part of an id.
+@router.get("/{job_id:path}/timeseries", response_model=TimeseriesPublic,
             summary="Per-GPU and job-aggregate series, downsampled on the server from 1-minute rollups",
             responses={404: {"description": "no such job"}})
 def read_job_timeseries(
@@ -124,3 +101,29 @@ def read_job_timeseries(
     # Tens of thousands of floats: msgspec encodes them ~10x faster than the default path
     # (and writes NaN gaps as null).
     return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+@router.get("/{job_id:path}", response_model=JobPublic, summary="One job: metadata, GPUs, report, flags",
+            responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}},
+                             "description": "JSON, or with Accept: text/csv the per-GPU report"},
+                       404: {"description": "no such job"}})
+def read_job(job_id: JobIdPath, session: SessionDep, settings: SettingsDep, request: Request,
+             cluster: ClusterQ = DEFAULT_CLUSTER,
+             format: Annotated[Literal["json", "csv"] | None,
+                               Query(description="csv = per-GPU report (same as Accept: text/csv)")] = None,
+             accept: Annotated[str | None, Header(max_length=512)] = None) -> Any:
+    found = find_job(session, cluster, job_id)
+    if found is None:
+        raise HTTPException(404, f"no job {job_id!r} in cluster {cluster!r}")
+    detail = job_detail(session, *found)
+    wants_csv = format == "csv" or (format is None and accept is not None and "text/csv" in accept
+                                    and "application/json" not in accept)
+    if wants_csv:
+        name = quote(f"{cluster}-{job_id}-gpus.csv", safe="")
+        return Response(per_gpu_csv(detail["per_gpu"]), media_type="text/csv; charset=utf-8",
+                        headers={"Content-Disposition": f"attachment; filename*=UTF-8''{name}"})
+    links = {"web": f"/jobs/{quote(job_id, safe='')}?{urlencode({'cluster': cluster})}",
+             "timeseries": f"/api/v1/jobs/{quote(job_id, safe='')}/timeseries?{urlencode({'cluster': cluster})}"}
+    if settings.grafana_url:
+        links["grafana"] = grafana_link(settings.grafana_url, cluster, found[0].id, detail)
+    return {**detail, "links": links}

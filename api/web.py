@@ -83,12 +83,12 @@ def flags_page(request: Request) -> HTMLResponse:
     return _shell(request, "flags", "Flags", {})
 
 
-@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+@router.get("/jobs/{job_id:path}", response_class=HTMLResponse)  # k8s ids are "namespace/pod"
 def job_page(request: Request, job_id: Name, cluster: ClusterQ = "default") -> HTMLResponse:
     return _shell(request, "job", f"Job {job_id}", {"job_id": job_id, "cluster": cluster})
 
 
-@router.get("/nodes/{name}", response_class=HTMLResponse)
+@router.get("/nodes/{name:path}", response_class=HTMLResponse)
 def node_page(request: Request, name: Name, cluster: ClusterQ = "default") -> HTMLResponse:
     return _shell(request, "node", f"Node {name}", {"name": name, "cluster": cluster})
 

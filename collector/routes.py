@@ -119,8 +119,7 @@ def _collector(request: Request) -> Collector:
     return coll
 
 
-async def _read_body(request: Request, limit: int) -> bytes | Response:
-    cl = request.headers.get("content-length")
+async def _read_body(request: Request, limit: int, cl: str | None) -> bytes | Response:
     if cl is not None:
         try:
             if int(cl) > limit:
@@ -137,19 +136,29 @@ async def _read_body(request: Request, limit: int) -> bytes | Response:
     return b"".join(chunks)
 
 
+_WANTED = {b"authorization", b"content-encoding", b"content-type", b"content-length"}
+
+
+def _headers(request: Request) -> dict[bytes, str]:
+    # One pass over the raw header list: Starlette's Headers.get raises and catches a
+    # KeyError for every absent header, which shows up in profiles at thousands of req/s.
+    return {k: v.decode("latin-1") for k, v in request.scope["headers"] if k in _WANTED}
+
+
 async def ingest(request: Request) -> Response:
     coll = _collector(request)
+    h = _headers(request)
     try:
-        who = await coll.authorize(request.headers.get("authorization"), "agent")
+        who = await coll.authorize(h.get(b"authorization"), "agent")
     except tokens.AuthError as e:
         return _error(e.status, e.detail)
     limit = int(coll.settings.max_body_bytes)
-    body = await _read_body(request, limit)
+    body = await _read_body(request, limit, h.get(b"content-length"))
     if isinstance(body, Response):
         return body
     try:
-        raw = protocol.decompress(body, request.headers.get("content-encoding"), max_size=limit)
-        batch = protocol.decode(raw, request.headers.get("content-type"))
+        raw = protocol.decompress(body, h.get(b"content-encoding"), max_size=limit)
+        batch = protocol.decode(raw, h.get(b"content-type"))
     except protocol.ProtocolError as e:
         msg = str(e)
         status = 415 if msg.startswith("unsupported") else 413 if "exceeds" in msg else 400

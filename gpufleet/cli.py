@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # One line per HTTP request drowns what matters; failures are logged by our own code.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -120,7 +120,7 @@ def live_values(conn: Connection | Session, gpu_pks: Iterable[int],
     newest: dict[int, tuple[Any, ...]] = {}
     for i in range(0, len(pks), 900):  # stay under SQLite's bound-parameter limit
         q = select(*cols).where(t.c.gpu_pk.in_(pks[i:i + 900]), t.c.bucket >= at - LIVE_WINDOW_S, t.c.bucket <= at)
-        for r in conn.execute(q).tuples():
+        for r in conn.execute(q):
             old = newest.get(r[0])
             if old is None or r[1] > old[1]:
                 newest[r[0]] = r

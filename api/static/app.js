@@ -9,7 +9,8 @@
   const cfg = JSON.parse(root.dataset.config);
   const T0 = performance.now();
   const state = (window.__gpufleet = { ready: false, renderMs: null, charts: {}, errors: [] });
-  const REFRESH_MS = 15000;
+  // live refresh period; ?refresh=<seconds> overrides it (>= 2 s)
+  const REFRESH_MS = Math.max(2000, 1000 * (Number(new URLSearchParams(location.search).get("refresh")) || 15));
   const FLAG_KINDS = ["idle_gpu", "low_sm_activity", "no_tensor_cores", "input_stall", "comm_bound", "straggler",
     "memory_underuse", "throttled", "oversized_allocation", "hw_fault"];
 
@@ -100,7 +101,8 @@
       return th;
     }));
     const body = rows.map((r) => h("tr", {}, cols.map((c) => h("td", { class: [c.n ? "n" : "", c.wrap ? "wrap" : ""].join(" ") }, c.get(r)))));
-    return h("table", { class: opts.class }, h("thead", {}, head), h("tbody", {}, body));
+    // wide tables scroll inside their box instead of widening the page
+    return h("div", { class: "tw" }, h("table", { class: opts.class }, h("thead", {}, head), h("tbody", {}, body)));
   }
   function every(ms, fn) {
     // bounded live refresh: skipped while the tab is hidden, one request at a time
@@ -108,7 +110,7 @@
     setInterval(async () => {
       if (document.hidden || busy) return;
       busy = true;
-      try { await fn(); status(`updated ${new Date().toLocaleTimeString()}`); } catch (e) { status(`update failed: ${e.message}`); } finally { busy = false; }
+      try { await fn(); state.refreshes = (state.refreshes || 0) + 1; status(`updated ${new Date().toLocaleTimeString()}`); } catch (e) { status(`update failed: ${e.message}`); } finally { busy = false; }
     }, ms);
   }
 
@@ -123,14 +125,14 @@
     const topUsers = h("div");
     fill(root, 
       h("h1", {}, "Fleet"), kpis,
-      h("div", { class: "cols" },
-        h("section", {}, h("h2", {}, "GPU-hours wasted, last 24 h, by cause"), waste),
-        h("section", {}, h("h2", {}, "Top wasting users (24 h)"), topUsers)),
       h("h2", {}, "GPUs by node, colored by SM activity (newest minute)"),
       h("div", { class: "legend" }, "idle", h("span", { class: "ramp" }), "busy",
         h("span", { class: "cell", style: { marginLeft: "12px" } }), "no data",
         h("span", { class: "cell free", style: { marginLeft: "12px", background: "transparent" } }), "unallocated", gridNote),
       grid,
+      h("div", { class: "cols" },
+        h("section", {}, h("h2", {}, "GPU-hours wasted, last 24 h, by cause"), waste),
+        h("section", {}, h("h2", {}, "Top wasting users (24 h)"), topUsers)),
       h("div", { class: "cols" },
         h("section", {}, h("h2", {}, "Open flags"), flagsBox),
         h("section", {}, h("h2", {}, "Top wasting jobs (24 h)"), topJobs)));
@@ -185,7 +187,7 @@
           const tip = [`${node.name} GPU ${g.index}`, g.model, c ? `SM ${pct(c.sm_active)} · tensor ${pct(c.tensor_active)} · ${num(c.power_w, 0)} W` : "no data in 5 min",
             g.job ? `job ${g.job.job_id} (${g.job.user ?? "?"})${g.job.name ? ` ${g.job.name}` : ""}` : "not allocated"].filter(Boolean).join("\n");
           return h("a", { class: `cell${g.job ? "" : " free"}`, href: g.job ? jobHref(g.job.cluster, g.job.job_id) : nodeHref(node.cluster, node.name),
-            title: tip, "data-sm": c && c.sm_active !== null ? c.sm_active : "", style: { background: heat(c ? c.sm_active : null) } });
+            title: tip, "data-gpu": g.uuid, "data-sm": c && c.sm_active !== null ? c.sm_active : "", style: { background: heat(c ? c.sm_active : null) } });
         });
         frag.append(h("div", { class: `node${node.stale ? " stale" : ""}` },
           h("a", { class: "nn", href: nodeHref(node.cluster, node.name), title: node.name }, node.name),
@@ -220,13 +222,13 @@
       flag: p.get("flag") || "", since: p.get("since") || "", sort: p.get("sort") || "start", order: p.get("order") || "desc" };
     const out = h("div");
     const count = h("span", { class: "muted", id: "job-count" });
-    const input = (name, ph) => h("label", {}, name, h("input", { name, value: f[name], placeholder: ph, size: 12,
+    const input = (name, label, ph) => h("label", {}, label, h("input", { name, value: f[name], placeholder: ph, size: 12,
       onchange: (e) => { f[name] = e.target.value.trim(); reload(); } }));
     const select = (name, label, options) => h("label", {}, label, h("select", { name, onchange: (e) => { f[name] = e.target.value; reload(); } },
       options.map(([v, t]) => h("option", { value: v, selected: f[name] === v }, t))));
     fill(root, h("h1", {}, "Jobs ", count),
       h("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); reload(); } },
-        input("user", "any user"), input("cluster", "all clusters"),
+        input("user", "User", "any user"), input("cluster", "Cluster", "all clusters"),
         select("state", "State", [["", "any"], ["running", "running"], ["ended", "ended"]]),
         select("flag", "Flag", [["", "any"], ...FLAG_KINDS.map((k) => [k, k])]),
         select("since", "Active in", [["", "any time"], ["-1h", "last hour"], ["-24h", "last 24 h"], ["-7d", "last 7 days"]]),
@@ -341,7 +343,7 @@
         h("span", {}, "duration ", h("b", {}, dur((j.end_ts || now()) - (j.start_ts || now())))),
         h("span", {}, `${j.n_gpus} GPUs on ${j.nodes.length} node${j.nodes.length === 1 ? "" : "s"}`),
         j.links.grafana ? h("a", { href: j.links.grafana, target: "_blank", rel: "noopener", id: "grafana-link" }, "Grafana drilldown ↗") : null,
-        " ", h("a", { href: `${base}?${qs({ cluster, format: "csv" })}`, id: "csv-link" }, "per-GPU CSV")),
+        h("a", { href: `${base}?${qs({ cluster, format: "csv" })}`, id: "csv-link", class: "sep" }, "per-GPU CSV")),
       Object.keys(j.labels || {}).length ? h("div", { class: "meta" }, "labels ",
         Object.entries(j.labels).map(([k, v]) => h("span", { class: "chip" }, `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`))) : null);
     const kp = h("div", { class: "kpis" },
@@ -414,7 +416,7 @@
         { label: "Model", get: (g) => g.model ?? dash },
         { label: "UUID", get: (g) => h("span", { class: "trunc muted", title: g.uuid }, g.uuid) },
         { label: "Job", get: (g) => (g.job ? h("a", { href: jobHref(g.job.cluster, g.job.job_id) }, g.job.job_id) : dash) },
-        { label: "User", get: (g) => g.job?.user ?? dash },
+        { label: "User", get: (g) => h("span", { class: "trunc", title: g.job?.user ?? "" }, g.job?.user ?? dash) },
         { label: "SM now", n: true, get: (g) => pct(g.current?.sm_active) },
         { label: "Tensor now", n: true, get: (g) => pct(g.current?.tensor_active) },
         { label: "Power", n: true, get: (g) => (g.current ? `${num(g.current.power_w, 0)} W` : dash) },

@@ -113,6 +113,14 @@ def run(args: argparse.Namespace) -> int:
             node_cfg = replace(node_cfg, spool_dir=cfg.spool_dir / node,
                                metrics_port=None if cfg.metrics_port is None else cfg.metrics_port + len(threads))
         agent = Agent(node_cfg, source)
+        try:
+            agent.start()  # here, not in the thread: a locked or unwritable spool is a clear exit 2
+        except (RuntimeError, OSError) as e:
+            print(f"gpufleet agent: {e}", file=sys.stderr)
+            stop.set()
+            for t in threads:
+                t.join()
+            return 2
         t = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{node}")
         t.start()
         threads.append(t)

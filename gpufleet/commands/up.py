@@ -127,6 +127,26 @@ class _Background:
             t.join(timeout=15)
 
 
+def _graceful_server(config: Any, bg: _Background) -> Any:
+    """A uvicorn server whose Ctrl-C first stops the agents (their final flush still reaches
+    the collector, which is still listening), then the server."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if bg.stop.is_set():  # second Ctrl-C: stop now
+                super().handle_exit(sig, frame)
+                return
+
+            def stop_then_exit() -> None:
+                bg.shutdown()
+                super(Server, self).handle_exit(sig, frame)
+
+            threading.Thread(target=stop_then_exit, name="shutdown", daemon=True).start()
+
+    return Server(config)
+
+
 def _alerts_hook() -> Any:
     """Slack alerts in embedded mode only when a webhook or rules file is configured."""
     if not (os.environ.get("GPUFLEET_SLACK_WEBHOOK_URL") or os.environ.get("GPUFLEET_ALERT_RULES")):
@@ -168,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
     app = create_app(settings, extra_lifespans=[background])
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
+    server = _graceful_server(config, bg)
 
     def announce() -> None:
         while not server.started and not bg.stop.is_set():
@@ -180,6 +200,10 @@ def run(args: argparse.Namespace) -> int:
             bg.start_agents()
 
     threading.Thread(target=announce, name="announce", daemon=True).start()
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the Ctrl-C it handled; the shutdown above already ran
     bg.shutdown()
+    print("gpufleet stopped", flush=True)
     return 0

@@ -136,3 +136,60 @@ def test_agent_killed_and_restarted_with_spool(database_url, collector_process, 
     rows, distinct = stored(database_url)
     assert rows == produced_first + _produced(agent)
     assert distinct == rows
+
+
+def _disk_keys(spool: Path) -> set[tuple[str, float]]:
+    """(gpu, ts) of every row an agent left on disk: spooled batches and the open journal."""
+    import zstandard
+
+    from gpufleet.protocol import decode
+
+    keys: set[tuple[str, float]] = set()
+    s = Spool(spool, 2**30, fsync=False)
+    for it in s._items:
+        header, body = it.read()
+        raw = zstandard.ZstdDecompressor().decompress(body)
+        b = decode(raw, header["headers"]["Content-Type"])
+        keys.update(zip(b.samples["gpu"], b.samples["ts"], strict=True))
+    ob = Journal(s.journal_path).recover()
+    if ob is not None:
+        keys.update((r.gpu, ts) for ts, r in ob.rows)
+    return keys
+
+
+def _db_keys(database_url: str) -> set[tuple[str, float]]:
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(database_url)
+    try:
+        with eng.connect() as c:
+            return {(u, t) for u, t in c.execute(sa.text(
+                "select g.uuid, s.ts from gpu_samples s join gpus g on g.id = s.gpu_pk"))}
+    finally:
+        eng.dispose()
+
+
+def test_agent_killed_while_sending(database_url, collector_process, tmp_path):
+    """SIGKILL the agent while the collector is up: a batch stored but not yet removed from
+    the spool is sent again by the next agent and must count once."""
+    coll = collector_process(database_url).start()
+    spool = tmp_path / "spool"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    first = subprocess.Popen(
+        [PY, "-m", "gpufleet.cli", "agent", "--simulate", "1", "--gpus-per-node", "4", "--collector", coll.url,
+         "--spool-dir", str(spool), "--interval", "0.02", "--flush", "0.1", "--attributors", "none"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent1.log", "wb"))  # noqa: SIM115
+    try:
+        _wait_until(lambda: stored(database_url)[0] >= 200)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    produced_first = _db_keys(database_url) | _disk_keys(spool)
+    agent = _agent(coll.url, spool, node="sim-node-000")
+    with AgentThread(agent) as at:
+        _wait_until(lambda: len(agent.spool) == 0 and _produced(agent) >= 20)
+        at.stop()
+    rows, distinct = stored(database_url)
+    assert distinct == rows, "no row stored twice"
+    assert rows == len(produced_first) + _produced(agent), "nothing the killed agent had persisted was lost"
+    assert produced_first <= _db_keys(database_url)

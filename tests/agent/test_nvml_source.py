@@ -210,3 +210,20 @@ def test_hopper_mig_instances_get_gpm_and_slurm_mapping_files(clock: Clock, tmp_
         assert a.attribute(devs, [], 0.0).gpu_job == {migs[1].uuid: "5150"}
     finally:
         src.close()
+
+
+def test_xid_on_a_mig_instance_names_the_instance(clock: Clock) -> None:
+    fake = FakeNvml([a100(0, mig=True)], clock=clock)
+    src = NvmlSource(fake, event_poll_ms=50)
+    try:
+        devs = src.devices()
+        fake.inject_xid(0, 31, gi_id=5)  # GPU instance 5 is the third 1g.20gb instance
+        deadline = time.monotonic() + 5
+        events = []
+        while not events and time.monotonic() < deadline:
+            events = src.drain_events()
+            time.sleep(0.02)
+        assert [(e.code, e.gpu_uuid) for e in events] == [(31, devs[3].uuid)]
+        assert devs[3].mig_profile == "1g.20gb"
+    finally:
+        src.close()

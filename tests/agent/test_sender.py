@@ -45,7 +45,7 @@ class Scripted:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.url = f"http://127.0.0.1:{self.httpd.server_port}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -93,7 +93,7 @@ def test_permanent_rejection_is_dead_lettered_with_reason(tmp_path: Path, server
     assert len(s.spool) == 0
 
 
-@pytest.mark.parametrize("status", [401, 403])
+@pytest.mark.parametrize("status", [401, 403, 409])
 def test_auth_failure_keeps_the_batch_and_logs(tmp_path: Path, server: Scripted, status: int,
                                                caplog: pytest.LogCaptureFixture) -> None:
     server.script = [(status, {}, {"detail": "token revoked"})] * 2
@@ -101,7 +101,8 @@ def test_auth_failure_keeps_the_batch_and_logs(tmp_path: Path, server: Scripted,
     with caplog.at_level(logging.ERROR):
         r, delay = s.send_one()  # type: ignore[misc]
     assert r.outcome is Outcome.AUTH and delay > 0
-    assert "token revoked" in caplog.text and "GPUFLEET_AGENT_TOKEN" in caplog.text
+    assert "token revoked" in caplog.text
+    assert ("--node" if status == 409 else "GPUFLEET_AGENT_TOKEN") in caplog.text
     assert len(s.spool) == 2 and not (tmp_path / "spool" / "dead").exists()
 
 

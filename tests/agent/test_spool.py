@@ -82,3 +82,16 @@ def test_dead_letter_keeps_batch_and_reason(tmp_path: Path) -> None:
     assert reasons == [{"file": target.name, "key": "boot:3", "rows": 3, "status": 422,
                         "reason": "samples.ts[0]: outside the accepted window", "at": reasons[0]["at"]}]
     assert Spool(tmp_path, 10**6).pending_batches == 0, "a dead letter is never replayed"
+
+
+def test_dead_letters_are_bounded(tmp_path: Path) -> None:
+    s = Spool(tmp_path, 1024 * 1024)
+    for i in range(1, 9):
+        _put(s, i, size=100 * 1024)
+        it = s.peek()
+        assert it is not None
+        s.dead_letter(it, 400, "bad")
+    kept = sorted(p.name for p in (tmp_path / "dead").glob("*.batch"))
+    assert sum((tmp_path / "dead" / n).stat().st_size for n in kept) <= 1024 * 1024 // 4
+    assert kept and kept[-1].endswith("-8.batch"), "the newest dead letter is kept"
+    assert len((tmp_path / "dead" / "reasons.jsonl").read_text().splitlines()) == 8

@@ -60,13 +60,20 @@ def sim_batches(job: Any, t_from: float, t_to: float, *, interval_s: float = 1.0
 
 
 def ingest(engine: Any, job: Any, t_from: float, t_to: float, **kw: Any) -> int:
+    """Write the job's samples over (t_from, t_to] through the collector's write path, on an
+    engine of its own, as the collector process would (not the analyzer's connections)."""
+    from gpufleet.storage.db import make_engine
     from gpufleet.storage.writes import write_batches
 
+    own = make_engine(engine.url.render_as_string(hide_password=False))
     n = 0
-    for b in sim_batches(job, t_from, t_to, **kw):
-        with engine.begin() as conn:
-            write_batches(conn, [b], now=t_to)
-        n += b.n_rows()
+    try:
+        for b in sim_batches(job, t_from, t_to, **kw):
+            with own.begin() as conn:
+                write_batches(conn, [b], now=t_to)
+            n += b.n_rows()
+    finally:
+        own.dispose()
     return n
 
 

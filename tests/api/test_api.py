@@ -78,7 +78,7 @@ def test_job_detail_with_report_flags_and_links(api: Api) -> None:
     idle = j["flags"][0]
     assert idle["evidence"]["idle_fraction"] == pytest.approx(0.97) and "release" in idle["suggestion"]
     assert j["links"]["grafana"].startswith("http://grafana.example:3000/d/gpufleet-job/")
-    assert "var-job_id=1002" in j["links"]["grafana"]
+    assert f"var-job={s.jobs['1002']['pk']}" in j["links"]["grafana"] and "var-cluster=default" in j["links"]["grafana"]
     assert j["links"]["web"] == "/jobs/1002?cluster=default"
 
     # same job id in another cluster is another job
@@ -258,3 +258,29 @@ def test_auth_roles(seeded: tuple[str, Seeded], live_server: Callable[..., Any])
         ok = c.get("/api/v1/jobs/1002", headers={"Authorization": f"Bearer {viewer}"})
         assert ok.status_code == 200 and ok.json()["job_id"] == "1002"
         assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
+
+
+def test_kubernetes_job_ids_with_slashes(api: Api, seeded: tuple[str, Seeded]) -> None:
+    from sqlalchemy import insert, select
+
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.models import Allocation, Cluster, Gpu, Job
+
+    c, s = api
+    e = make_engine(seeded[0])
+    with e.begin() as conn:
+        cid = conn.execute(select(Cluster.id).where(Cluster.name == "default")).scalar_one()
+        pk = conn.execute(insert(Job).values(cluster_id=cid, job_id="ml-team/trainer-0", source="kubernetes",
+                                             namespace="ml-team", name="trainer-0", state="running",
+                                             start_ts=s.start).returning(Job.id)).scalar_one()
+        gpk = conn.execute(select(Gpu.id).where(Gpu.uuid == s.gpu_uuids["node-a"][0])).scalar_one()
+        conn.execute(insert(Allocation).values(job_pk=pk, gpu_pk=gpk, start_ts=s.start))
+    e.dispose()
+    r = c.get("/api/v1/jobs/ml-team%2Ftrainer-0")
+    assert r.status_code == 200, r.text
+    assert r.json()["job_id"] == "ml-team/trainer-0" and r.json()["namespace"] == "ml-team"
+    assert r.json()["links"]["web"] == "/jobs/ml-team%2Ftrainer-0?cluster=default"
+    assert c.get("/api/v1/jobs/ml-team/trainer-0").json()["n_gpus"] == 1
+    ts = c.get("/api/v1/jobs/ml-team%2Ftrainer-0/timeseries", params={"gpu": "none"})
+    assert ts.status_code == 200 and ts.json()["gpus"] == []
+    assert c.get("/jobs/ml-team%2Ftrainer-0").status_code == 200

@@ -13,9 +13,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))  # the shared seed module
 
 from apiseed import Seeded, seed
+from webpage import Page
 
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--disable-dev-shm-usage"]
 
@@ -29,36 +29,6 @@ def browser() -> Iterator[Any]:
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         yield b
         b.close()
-
-
-class Page:
-    """A Playwright page that records console errors, page errors and dialogs."""
-
-    def __init__(self, page: Any, base: str) -> None:
-        self.page = page
-        self.base = base
-        self.errors: list[str] = []
-        self.dialogs: list[str] = []
-        page.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
-
-        def on_dialog(d: Any) -> None:
-            self.dialogs.append(d.message)
-            d.dismiss()
-
-        page.on("dialog", on_dialog)
-        page.set_default_timeout(15000)
-
-    def open(self, path: str) -> Any:
-        self.page.goto(self.base + path)
-        self.page.wait_for_function("() => window.__gpufleet && window.__gpufleet.ready === true", timeout=15000)
-        return self.page
-
-    def shot(self, name: str) -> Path:
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        out = SCREENSHOTS / f"{name}.png"
-        self.page.screenshot(path=str(out), full_page=True)
-        return out
 
 
 @pytest.fixture

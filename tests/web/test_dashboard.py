@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from apiseed import XSS_NAME, XSS_USER, Seeded, seed_big_job
-from conftest import Page
+from webpage import Page
 
 pytestmark = pytest.mark.browser
 
@@ -59,6 +59,32 @@ def test_every_page_loads_clean(web: tuple[Page, Seeded]) -> None:
     assert all("404" in e for e in p.errors), p.errors
     p.errors.clear()
     assert p.dialogs == []
+
+
+def test_fleet_grid_updates_live(web: tuple[Page, Seeded], sqlite_url: str) -> None:
+    from sqlalchemy import func, select, update
+
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.models import Gpu, gpu_samples_1m
+
+    p, s = web
+    uuid = s.gpu_uuids["node-a"][0]
+    pg = p.open("/?refresh=2")
+    cell = pg.locator(f"#gpu-grid .cell[data-gpu='{uuid}']")
+    assert float(cell.get_attribute("data-sm")) > 0.8
+    before = cell.evaluate("el => getComputedStyle(el).backgroundColor")
+    # the collector folds new samples into the current minute: the job went idle
+    e = make_engine(sqlite_url)
+    with e.begin() as c:
+        pk = c.execute(select(Gpu.id).where(Gpu.uuid == uuid)).scalar_one()
+        newest = c.execute(select(func.max(gpu_samples_1m.c.bucket)).where(gpu_samples_1m.c.gpu_pk == pk)).scalar_one()
+        c.execute(update(gpu_samples_1m).where(gpu_samples_1m.c.gpu_pk == pk, gpu_samples_1m.c.bucket == newest)
+                  .values(sm_active=0.03))
+    e.dispose()
+    pg.wait_for_function(f"() => document.querySelector(\"#gpu-grid .cell[data-gpu='{uuid}']\").dataset.sm === '0.03'",
+                         timeout=10000)
+    assert cell.evaluate("el => getComputedStyle(el).backgroundColor") != before
+    assert p.errors == []
 
 
 def test_xss_payloads_stay_inert(web: tuple[Page, Seeded]) -> None:
