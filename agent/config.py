@@ -33,7 +33,7 @@ def _default_spool() -> Path:
 @dataclass
 class AgentConfig:
     collector_url: str = "http://127.0.0.1:8000"
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # never in logs or tracebacks
     node: str = field(default_factory=socket.gethostname)
     cluster: str = "default"
     interval_s: float = 1.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,6 +81,8 @@ class AgentMetrics:
         r = self.registry
         self.samples = Counter("gpufleet_agent_samples", "GPU samples taken (rows).", registry=r)
         self.cycles = Counter("gpufleet_agent_cycles", "Sample cycles run.", registry=r)
+        self.cycle_failures = Counter("gpufleet_agent_cycle_failures",
+                                      "Sample cycles that raised (logged with a traceback once a minute).", registry=r)
         self.batches_spooled = Counter("gpufleet_agent_batches_spooled", "Batches written to the spool.", registry=r)
         self.batches_sent = Counter("gpufleet_agent_batches_sent", "Batches the collector acknowledged.", registry=r)
         self.rows_sent = Counter("gpufleet_agent_rows_sent", "Rows in acknowledged batches.", registry=r)
@@ -105,6 +108,11 @@ class AgentMetrics:
                                   buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0), registry=r)
         self.cycle_seconds = Histogram("gpufleet_agent_cycle_seconds", "Wall time of one sample cycle.",
                                        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0), registry=r)
+        # Read at scrape time, so a loop stuck in a hung NVML call still shows up (growing age).
+        self.last_cycle_end = time.monotonic()
+        self.last_cycle_age = Gauge("gpufleet_agent_last_cycle_age_seconds",
+                                    "Seconds since the last sample cycle finished (alert when it grows).", registry=r)
+        self.last_cycle_age.set_function(lambda: time.monotonic() - self.last_cycle_end)
         self.gpu = _GpuCollector(node, dcgm_names)
         r.register(self.gpu)
         self._server: Any = None

@@ -80,6 +80,7 @@ class Agent:
         self._alloc_since: dict[tuple[str, str], float] = {}
         self._started = False
         self._last_disk_log = -1e18
+        self._last_cycle_log = -1e18
         self.last: Sample | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -119,7 +120,15 @@ class Agent:
                     break
                 lag = max(0.0, time.monotonic() - next_t)
                 self.metrics.loop_lag.observe(lag)
-                self.cycle(self.clock())
+                try:
+                    self.cycle(self.clock())
+                except Exception:  # a bad read must not end the agent; the next cycle tries again
+                    self.metrics.cycle_failures.inc()
+                    now_m = time.monotonic()
+                    if now_m - self._last_cycle_log > 60:
+                        self._last_cycle_log = now_m
+                        log.exception("sample cycle failed on %s (next attempt in %.3g s)", self.config.node,
+                                      interval)
                 next_t += interval
                 behind = time.monotonic() - next_t
                 if behind > interval:  # fell behind (suspended, overloaded): skip, don't burst
@@ -131,8 +140,11 @@ class Agent:
             self.sender.wake.set()
             sender.join(self.config.timeout_s + 1)
             self.flush()
-            if self.sender.drain(SHUTDOWN_DRAIN_S):
-                log.debug("delivered spooled batches on the way out")
+            self.sender.stopping = True
+            self.sender.drain(SHUTDOWN_DRAIN_S)
+            if len(self.spool):
+                log.info("agent %s stopped: %d batches (%d rows) stay in %s for the next start", self.config.node,
+                         len(self.spool), self.spool.pending_rows, self.spool.dir)
             self._update_spool_gauges()
             self.journal.close()
             self.sender.close()
@@ -205,7 +217,12 @@ class Agent:
         m.gpus.set(len(rows))
         m.source_errors.set(getattr(self.source, "errors", 0))
         m.gpu.update({d.uuid: d for d in s.devices}, s.readings, gpu_job)
-        m.cycle_seconds.observe(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        m.cycle_seconds.observe(took)
+        m.last_cycle_end = time.monotonic()
+        if took > 10 * self.config.interval_s:
+            log.warning("sample cycle on %s took %.1f s (interval %.3g s): a source call is slow or hung",
+                        self.config.node, took, self.config.interval_s)
         self.last = s
         return s
 

@@ -105,6 +105,7 @@ class Sender:
         self.wake = threading.Event()
         self._last_auth_log = 0.0
         self._down_since: float | None = None
+        self.stopping = False  # at shutdown an unreachable collector is expected, not news
 
     # --- one attempt ---------------------------------------------------------------------
 
@@ -182,9 +183,10 @@ class Sender:
         delay = self.backoff.next()
         if self._down_since is None:
             self._down_since = time.monotonic()
-            log.warning("collector %s unavailable (%s%s): spooling to %s (%d batches, %.1f MiB of %.0f MiB)",
-                        self.url, f"HTTP {r.status}: " if r.status else "", r.detail, self.spool.dir,
-                        len(self.spool), self.spool.pending_bytes / 2**20, self.spool.max_bytes / 2**20)
+            say = log.debug if self.stopping else log.warning
+            say("collector %s unavailable (%s%s): spooling to %s (%d batches, %.1f MiB of %.0f MiB)",
+                self.url, f"HTTP {r.status}: " if r.status else "", r.detail, self.spool.dir,
+                len(self.spool), self.spool.pending_bytes / 2**20, self.spool.max_bytes / 2**20)
         return r, delay
 
     # --- loops ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ worker process) only costs one full read of the job, the results are the same.""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ class JobState:
     first_ts: float | None = None
     last_ts: float | None = None
 
+    def nbytes(self) -> int:
+        return int(self.feats.n.nbytes + sum(v.nbytes for v in self.feats.f.values()))
+
     def hist(self) -> dict[str, np.ndarray]:
         return add_histograms(self.hist_before, self.hist_tail)
 
@@ -44,11 +48,15 @@ class JobState:
 
 
 class StateCache:
-    """A bounded LRU of JobState by (database, job pk)."""
+    """An LRU of JobState by (database, job pk), bounded in jobs and in bytes (a 24-hour
+    64-GPU job holds ~25 MB of minute features; evicting one only costs a re-read)."""
 
-    def __init__(self, max_jobs: int = 4096) -> None:
+    def __init__(self, max_jobs: int = 4096, max_bytes: int | None = None) -> None:
         self.max_jobs = max_jobs
+        mb = float(os.environ.get("GPUFLEET_ANALYSIS_CACHE_MB", "512"))
+        self.max_bytes = max_bytes if max_bytes is not None else int(mb * 2**20)
         self._d: OrderedDict[tuple[str, int], JobState] = OrderedDict()
+        self._sizes: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, int]) -> JobState | None:
@@ -62,16 +70,24 @@ class StateCache:
         with self._lock:
             self._d[key] = st
             self._d.move_to_end(key)
-            while len(self._d) > self.max_jobs:
-                self._d.popitem(last=False)
+            self._sizes[key] = st.nbytes()
+            total = sum(self._sizes.values())
+            while len(self._d) > 1 and (len(self._d) > self.max_jobs or total > self.max_bytes):
+                old, _ = self._d.popitem(last=False)
+                total -= self._sizes.pop(old, 0)
 
     def drop(self, key: tuple[str, int]) -> None:
         with self._lock:
             self._d.pop(key, None)
+            self._sizes.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
+            self._sizes.clear()
+
+    def nbytes(self) -> int:
+        return sum(self._sizes.values())
 
     def __len__(self) -> int:
         return len(self._d)

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlencode
 
 import msgspec
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Header, HTTPException, Query, Response
 
 from .deps import SettingsDep
 from .metrics import TimedRoute
@@ -84,7 +84,7 @@ def read_job_timeseries(
                                      description="comma-separated GPU UUIDs; empty = every GPU; none = aggregate only")]
     = None,
     step: Annotated[str, Query(max_length=16, pattern=r"^(auto|\d{1,8})$",
-                               description="auto (about 480 points) or seconds (>= 60)")] = "auto",
+                               description="auto (about 360 points) or seconds (>= 60)")] = "auto",
     start: TimeQ = None,
     end: TimeQ = None,
 ) -> Any:
@@ -107,7 +107,7 @@ def read_job_timeseries(
             responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}},
                              "description": "JSON, or with Accept: text/csv the per-GPU report"},
                        404: {"description": "no such job"}})
-def read_job(job_id: JobIdPath, session: SessionDep, settings: SettingsDep, request: Request,
+def read_job(job_id: JobIdPath, session: SessionDep, settings: SettingsDep,
              cluster: ClusterQ = DEFAULT_CLUSTER,
              format: Annotated[Literal["json", "csv"] | None,
                                Query(description="csv = per-GPU report (same as Accept: text/csv)")] = None,

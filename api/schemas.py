@@ -142,7 +142,7 @@ class SeriesGpu(BaseModel):
 class TimeseriesPublic(BaseModel):
     start: float
     end: float
-    step: int = Field(description="seconds per point (auto: about 480 points)")
+    step: int = Field(description="seconds per point (auto: about 360 points)")
     points: int
     fields: list[FieldInfo]
     t: list[float] = Field(description="point times (epoch seconds, bucket starts)")

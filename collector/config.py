@@ -27,10 +27,10 @@ def _env(name: str, default: float) -> float:
 class CollectorConfig:
     queue_rows: int = 400_000  # rows waiting for the writer before ingest answers 503
     group_rows: int = 50_000  # most rows one group commit takes
-    max_age_s: float = 7 * DAY  # samples older than this are rejected (raw retention must exceed it)
+    max_age_s: float = 30 * DAY  # samples older than this are rejected (docs/protocol.md; use import)
     max_future_s: float = 300.0  # clock skew tolerated
     retry_after_s: int = 2  # Retry-After on 503
-    raw_days: float = 14.0  # raw retention
+    raw_days: float = 31.0  # raw retention (longer than max_age_s, or late batches land in dropped days)
     rollup_days: float = 400.0  # rollup retention
     maintenance_s: float = 60.0  # partitions ahead, stale jobs
     retention_s: float = 3600.0  # retention pass interval

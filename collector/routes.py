@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 from gpufleet import protocol
 from gpufleet.collector.config import CollectorConfig
+from gpufleet.collector.fastdecode import decode_prepared
 from gpufleet.collector.validate import check_batch
 from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable
 from gpufleet.storage import retention, tokens
@@ -156,9 +157,12 @@ async def ingest(request: Request) -> Response:
     body = await _read_body(request, limit, h.get(b"content-length"))
     if isinstance(body, Response):
         return body
+    ctype = h.get(b"content-type")
+    prep = None
     try:
         raw = protocol.decompress(body, h.get(b"content-encoding"), max_size=limit)
-        batch = protocol.decode(raw, h.get(b"content-type"))
+        prep = decode_prepared(raw, ctype)
+        batch = prep.batch if prep is not None else protocol.decode(raw, ctype)
     except protocol.ProtocolError as e:
         msg = str(e)
         status = 415 if msg.startswith("unsupported") else 413 if "exceeds" in msg else 400
@@ -169,7 +173,8 @@ async def ingest(request: Request) -> Response:
         return _error(e.status, e.detail)
     cfg = coll.config
     try:
-        prep = prepare(batch)
+        if prep is None:  # the generic path names what is wrong
+            prep = prepare(batch)
         check_batch(batch, prep, time.time(), max_rows=int(coll.settings.max_rows_per_batch),
                     max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s)
         fut = coll.writer.submit(prep)

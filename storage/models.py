@@ -23,6 +23,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -111,6 +112,9 @@ class Allocation(Base):
     __table_args__ = (
         Index("ix_allocations_job_start", "job_pk", "start_ts"),
         Index("ix_allocations_gpu_start", "gpu_pk", "start_ts"),
+        # one open allocation per GPU (migration 0002); the write path relies on it
+        Index("uq_allocations_open_gpu", "gpu_pk", unique=True,
+              postgresql_where=text("end_ts IS NULL"), sqlite_where=text("end_ts IS NULL")),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_pk: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))

@@ -183,14 +183,37 @@ def prepare(batch: Batch) -> Prepared:
     return Prepared(batch, ts, list(gpu), list(job), vals, tuple(cols))
 
 
-def _fast_fields(s: dict[str, list[Any]], present: list[tuple[int, str]], vals: np.ndarray) -> bool:
+def prepare_typed(batch: Batch, s: dict[str, list[Any]]) -> Prepared | None:
+    """``prepare`` for columns a typed decoder already produced (``ts``: floats, ``gpu``:
+    strings, ``job``: strings or None, fields: floats or None). Returns None when anything is
+    wrong: the caller then runs the generic ``prepare``, which names the field and row."""
+    if not s:
+        return Prepared(batch, np.empty(0), [], [], np.full((NF, 0), np.nan))
+    n = len(s["ts"])
+    if any(len(c) != n for c in s.values()):
+        return None
+    ts = np.array(s["ts"], dtype=np.float64)
+    if not np.isfinite(ts).all():
+        return None
+    vals = np.full((NF, n), np.nan)
+    present = [(FIELD_INDEX[name], name) for name in s if name in FIELD_INDEX]
+    if present and n and not _fast_fields(s, present, vals, typed=True):
+        return None
+    job = s.get("job")
+    return Prepared(batch, ts, s["gpu"], job if job is not None else [None] * n, vals,
+                    tuple(name for _, name in present))
+
+
+def _fast_fields(s: dict[str, list[Any]], present: list[tuple[int, str]], vals: np.ndarray,
+                 typed: bool = False) -> bool:
     """All field columns converted and checked at once (the common, valid case). Returns
     False when anything looks wrong; the per-column path then finds and names the error."""
     cols = [s[name] for _, name in present]
     try:
         # One C pass: every value a number or null (a string or bool fails). 3x faster
-        # than collecting the element types in Python.
-        msgspec.convert(cols, _FLOAT_COLUMNS)
+        # than collecting the element types in Python. Typed decoders already did it.
+        if not typed:
+            msgspec.convert(cols, _FLOAT_COLUMNS)
         mat = np.array(cols, dtype=np.float64)
     except (msgspec.ValidationError, OverflowError, ValueError, TypeError):
         return False
@@ -836,7 +859,15 @@ def _allocations(conn: Connection, preps: list[Prepared], active: list[int], cid
     if closes:
         conn.execute(update(at).where(at.c.id == bindparam("aid")).values(end_ts=bindparam("end")), closes)
     if opens:
-        conn.execute(at.insert(), opens)
+        # A concurrent collector that opened the same GPU's allocation first wins; the
+        # partial unique index makes this one a no-op instead of a second open row.
+        ins = _insert(conn, at).on_conflict_do_nothing(index_elements=["gpu_pk"], index_where=at.c.end_ts.is_(None))
+        closed = [o for o in opens if o["end_ts"] is not None]
+        still_open = [o for o in opens if o["end_ts"] is None]
+        if closed:
+            conn.execute(at.insert(), closed)
+        if still_open:
+            conn.execute(ins, still_open)
 
 
 def _events(conn: Connection, preps: list[Prepared], active: list[int], nids: dict[tuple[int, str], int],

@@ -25,14 +25,17 @@ class ProcessAttributor:
         a = SourceAttribution()
         seen: set[int] = set()
         for r in readings:
-            # The longest-running process on a GPU owns it (helpers come and go around it).
-            for pid in sorted(r.pids):
+            infos = []
+            for pid in r.pids:
                 seen.add(pid)
                 info = self._job(pid)
-                if info is None:
-                    continue
-                a.jobs.setdefault(info.job_id, info)
-                a.gpu_job.setdefault(r.uuid, info.job_id)
+                if info is not None:
+                    infos.append(info)
+            if infos:
+                # The longest-running process owns the GPU (helpers come and go around it).
+                owner = min(infos, key=lambda j: (j.start_ts if j.start_ts is not None else float("inf"), j.job_id))
+                a.jobs.setdefault(owner.job_id, owner)
+                a.gpu_job[r.uuid] = owner.job_id
         for pid in [p for p in self._jobs if p not in seen]:
             del self._jobs[pid]
         return a

@@ -29,6 +29,11 @@ class SourceAttribution:
 
 @runtime_checkable
 class Source(Protocol):
+    """Optional extras a source may offer (the agent looks them up with ``getattr``):
+    ``errors: int`` (failed reads so far, exported as a metric), ``pci_bus_ids() -> {uuid:
+    "0000:17:00.0"}`` (maps InfiniBand HCAs to GPUs), ``gpu_instance_ids() -> {MIG uuid: GPU
+    instance id}`` (Slurm names MIG mapping files ``<index>.<gpu instance>``)."""
+
     name: str
 
     def devices(self) -> list[GpuInfo]:

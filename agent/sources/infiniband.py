@@ -4,9 +4,9 @@
 divided by 4; ``counters_ext/port_*_data_64`` (when present) are the 64-bit versions and
 are preferred: the 32-bit ones saturate within seconds at 400 Gb/s.
 
-Which GPU gets which HCA's traffic, in order of preference:
-1. PCIe switch: the HCA hangs under the same PCIe switch as the GPU (GPUDirect RDMA pairs);
-2. NUMA: the HCA sits on the GPU's NUMA node;
+Which GPU gets which HCA's traffic, one rule for the whole node, in order of preference:
+1. PCIe switch, when every GPU has an HCA under its own PCIe switch (GPUDirect RDMA pairs);
+2. NUMA, when every GPU has an HCA on its NUMA node;
 3. otherwise every GPU carries the node's total (the field is then per node, as documented).
 A GPU with an affine HCA carries that HCA's full rate (shared HCAs are not split).
 """

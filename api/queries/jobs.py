@@ -185,6 +185,8 @@ def job_detail(conn: Session, job: Job, cluster: str) -> dict[str, Any]:
             if v is not None:
                 summary[f"{f}_mean"] = v
     per_gpu = report.get("per_gpu") if report and report.get("per_gpu") else _per_gpu_live(conn, job, gpus)
+    per_gpu = sorted(per_gpu, key=lambda g: (str(g.get("node") or ""), g.get("index") if isinstance(g.get("index"), int)
+                                             else 1 << 30, str(g.get("gpu_uuid"))))
     current = live_values(conn, [g["gpu_pk"] for g in gpus]) if job.state != "ended" else {}
     flags = [flag_dict(f) for f in conn.execute(select(Flag).where(Flag.job_pk == job.id)
                                                   .order_by(Flag.open.desc(), Flag.wasted_gpu_hours.desc())).scalars()]

@@ -20,7 +20,7 @@ from .common import BadRequest, now
 from .jobs import job_gpus
 
 DEFAULT_FIELDS = ("sm_active", "tensor_active", "dram_active", "power_w", "sm_clock_mhz")
-TARGET_POINTS = 480  # per series with step=auto: about one point per 2 px of a wide chart
+TARGET_POINTS = 360  # per series with step=auto: one point per 1.5-2 px of a dashboard chart
 MAX_POINTS = 5000  # per series with an explicit step
 MAX_VALUES = 1_000_000  # GPUs x fields x points in one answer; the step grows to respect it
 ROLLUP_S = 60
@@ -87,7 +87,13 @@ def job_timeseries(session: Session, job: Job, *, fields: list[str], gpus: list[
             raise BadRequest(f"GPU(s) {', '.join(unknown[:3])} did not run job {job.job_id}")
         chosen = [known[u] for u in gpus]
     t_end = end if end is not None else (job.end_ts or job.last_sample_ts or now())
-    t_start = start if start is not None else (job.start_ts or t_end - 3600)
+    if start is None:
+        # from the job's first minute of data, not its scheduler start: a job that began
+        # before its node's agent did would otherwise draw a long empty axis
+        first = session.execute(select(func.min(gpu_samples_1m.c.bucket))
+                                .where(gpu_samples_1m.c.job_pk == job.id)).scalar()
+        start = max(job.start_ts or 0.0, first or 0.0) or (t_end - 3600)
+    t_start = start
     if t_end <= t_start:
         raise BadRequest("end must be after start")
     if t_end - t_start > 90 * 86400:

@@ -301,7 +301,9 @@
   function width(el) { return Math.max(300, (el.getBoundingClientRect().width || 560) - 12); }
   function makeChart(spec, box, t, lines, fmtv) {
     const series = [{}];
-    for (const l of lines) series.push({ label: l.label, stroke: l.color, width: l.width || 1, points: { show: false }, spanGaps: false });
+    // with only a few points (a job that just started) draw them, or the lines are invisible
+    const few = t.length < 40;
+    for (const l of lines) series.push({ label: l.label, stroke: l.color, width: l.width || 1, points: { show: few, size: 4, fill: l.color }, spanGaps: false });
     const opts = {
       width: width(box.box), height: 170,
       legend: { show: false }, cursor: { points: { show: false }, sync: { key: "job" }, drag: { x: true, y: false } },
@@ -328,6 +330,10 @@
   async function jobPage() {
     const { job_id: jobId, cluster } = cfg.args;
     const base = `/api/v1/jobs/${enc(jobId)}`;
+    // all three requests start at once: the series don't wait for the job's metadata
+    const tsReq = api(`${base}/timeseries?${qs({ cluster, fields: GPU_CHARTS.map((c) => c.field).join(",") })}`);
+    const linkReq = api(`${base}/timeseries?${qs({ cluster, gpu: "none", fields: LINK_FIELDS.map((l) => l[0]).join(",") })}`);
+    tsReq.catch(() => null); linkReq.catch(() => null);  // a 404 is reported once, by the detail call
     let j;
     try { j = await api(`${base}?${qs({ cluster })}`); } catch (e) { return fail(e); }
     const s = j.summary;
@@ -383,10 +389,7 @@
     const linkBox = { spec: { field: "interconnect", title: "NVLink / PCIe / IB", axisSize: 72 }, ...chartBox("NVLink / PCIe / IB (job mean per GPU)") };
     linkBox.box.append(h("div", { class: "keys" }, LINK_FIELDS.map(([, label, color]) => h("span", {}, h("i", { style: { background: color } }), label))));
     for (const b of [...boxes, linkBox]) charts.append(b.box);
-    const [ts, links] = await Promise.all([
-      api(`${base}/timeseries?${qs({ cluster, fields: GPU_CHARTS.map((c) => c.field).join(",") })}`),
-      api(`${base}/timeseries?${qs({ cluster, gpu: "none", fields: LINK_FIELDS.map((l) => l[0]).join(",") })}`),
-    ]);
+    const [ts, links] = await Promise.all([tsReq, linkReq]);
     const n = ts.gpus.length;
     for (const b of boxes) {
       const fmtv = b.spec.ratio ? (v) => pct(v) : (v) => num(v, 0);

@@ -39,13 +39,21 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cycles", type=int)
     ap.add_argument("--load", action="store_true", help="run a bf16 matmul loop on GPU 0 while sampling")
+    ap.add_argument("--fake", action="store_true",
+                    help="use the fake NVML (2 x H100, 1 x A100 with MIG): checks this script, not a GPU")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between cycles (default 1)")
     args = ap.parse_args()
     cycles = args.cycles or (5 if args.quick else 30)
 
     from gpufleet.agent.sources.nvml import NvmlSource, NvmlUnavailable
     from gpufleet.catalog import CATALOG
 
-    src = NvmlSource()
+    module = None
+    if args.fake:
+        from gpufleet.agent.testing.fake_nvml import FakeNvml, a100, h100
+
+        module = FakeNvml([h100(0), h100(1), a100(2, mig=True)])
+    src = NvmlSource(module)
     try:
         devices = src.devices()
     except NvmlUnavailable as e:
@@ -74,7 +82,7 @@ def main() -> int:
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             costs.append((wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)))
             calls.append(src.nvml.calls - c0)
-            time.sleep(max(0.0, 1.0 - wall))
+            time.sleep(max(0.0, args.interval - wall))
     finally:
         stop.set()
     events = src.drain_events()

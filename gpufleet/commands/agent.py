@@ -56,10 +56,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     a("--no-infiniband", dest="infiniband", action="store_const", const=False,
       help="do not read IB/RoCE counters from sysfs [GPUFLEET_INFINIBAND=0]")
     a("--no-gpm", dest="gpm", action="store_const", const=False, help="skip NVML GPM metrics [GPUFLEET_GPM=0]")
-    a("--once", action="store_true", help="take one sample (two for rates), then exit")
-    a("--print", dest="print_", action="store_true", help="with --once: print the sample as a table, send nothing")
-    a("--json", action="store_true", help="with --once --print: print JSON instead of a table")
+    a("--once", action="store_true", default=_env_flag("GPUFLEET_ONCE"),
+      help="take one sample (two for rates), then exit [GPUFLEET_ONCE=1]")
+    a("--print", dest="print_", action="store_true", default=_env_flag("GPUFLEET_PRINT"),
+      help="with --once: print the sample as a table, send nothing [GPUFLEET_PRINT=1]")
+    a("--json", action="store_true", default=_env_flag("GPUFLEET_JSON"),
+      help="with --once --print: print JSON instead of a table [GPUFLEET_JSON=1]")
     p.set_defaults(func=run)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 _SETTINGS = ("collector_url", "token", "node", "cluster", "source", "simulate", "gpus_per_node", "dcgm_exporter_url",

@@ -85,13 +85,16 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_pk", "bucket", name="uq_job_samples_1m_job_bucket"),
         postgresql_partition_by="RANGE (bucket)",
     )
+    # At most one open allocation per GPU (samples carry one job per GPU at a time): two
+    # collector processes racing to open the same one cannot both succeed. Partial indexes
+    # work on both databases; it also serves the open-allocation lookup on every write.
+    op.create_index("uq_allocations_open_gpu", "allocations", ["gpu_pk"], unique=True,
+                    postgresql_where=sa.text("end_ts IS NULL"), sqlite_where=sa.text("end_ts IS NULL"))
     if op.get_bind().dialect.name == "postgresql":
         # Time-range scans over the whole fleet (retention checks, Grafana's fleet panels):
         # BRIN is tiny because rows arrive roughly in ts order; per-GPU and per-job scans use
         # the b-trees above.
         op.execute("CREATE INDEX ix_gpu_samples_ts_brin ON gpu_samples USING brin (ts)")
-        # Open allocations are looked up on every write; a partial index keeps that cheap.
-        op.execute("CREATE INDEX ix_allocations_open ON allocations (gpu_pk) WHERE end_ts IS NULL")
         # The stale-job sweep reads running jobs only.
         op.execute("CREATE INDEX ix_jobs_running ON jobs (last_sample_ts) WHERE state = 'running'")
 
@@ -99,7 +102,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP INDEX IF EXISTS ix_jobs_running")
-        op.execute("DROP INDEX IF EXISTS ix_allocations_open")
         op.execute("DROP INDEX IF EXISTS ix_gpu_samples_ts_brin")
+    op.drop_index("uq_allocations_open_gpu", table_name="allocations")
     op.drop_table("job_samples_1m")
     op.drop_table("gpu_samples_1m")

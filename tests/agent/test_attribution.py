@@ -114,9 +114,9 @@ def test_prolog_and_epilog_maintain_the_mapping_dir(tmp_path: Path) -> None:
 def test_process_attributor_on_a_bare_box(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     fake_proc(proc, 4321, CG_NONE, uid=0, comm="llama-server", start_ticks=100 * 3600)
-    fake_proc(proc, 4400, CG_NONE, uid=0, comm="helper")
+    fake_proc(proc, 17, CG_NONE, uid=0, comm="helper", start_ticks=100 * 7200)  # a reused low pid, started later
     pa = ProcessAttributor(proc, node="box1")
-    a = pa.attribute(DEVICES, [GpuReading("GPU-0", pids=(4400, 4321)), GpuReading("GPU-1")], 0.0)
+    a = pa.attribute(DEVICES, [GpuReading("GPU-0", pids=(17, 4321)), GpuReading("GPU-1")], 0.0)
     job_id = a.gpu_job["GPU-0"]
     assert job_id.startswith("box1:4321:") and "GPU-1" not in a.gpu_job
     j = a.jobs[job_id]

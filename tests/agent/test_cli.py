@@ -30,8 +30,8 @@ def test_once_print_shows_a_table(tmp_path: Path) -> None:
 
 
 def test_once_print_json_from_env_twins(tmp_path: Path) -> None:
-    r = _agent("--once", "--print", "--json",
-               env={"GPUFLEET_SIMULATE": "1", "GPUFLEET_GPUS_PER_NODE": "2", "GPUFLEET_SPOOL_DIR": str(tmp_path)})
+    r = _agent(env={"GPUFLEET_SIMULATE": "1", "GPUFLEET_GPUS_PER_NODE": "2", "GPUFLEET_SPOOL_DIR": str(tmp_path),
+                    "GPUFLEET_ONCE": "1", "GPUFLEET_PRINT": "true", "GPUFLEET_JSON": "yes"})
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["node"] == "sim-node-000" and len(doc["gpus"]) == 2

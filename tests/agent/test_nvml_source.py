@@ -227,3 +227,15 @@ def test_xid_on_a_mig_instance_names_the_instance(clock: Clock) -> None:
         assert devs[3].mig_profile == "1g.20gb"
     finally:
         src.close()
+
+
+def test_real_gpu_script_runs_against_the_fake() -> None:
+    """bench/agent/nvml_real_gpu.py has not met a GPU yet: at least its own code paths run."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "agent" / "nvml_real_gpu.py"
+    r = subprocess.run([sys.executable, str(script), "--fake", "--cycles", "4", "--interval", "0.12"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "GPM supported on 2 of 7" in r.stdout and "per cycle over" in r.stdout
+    assert "sm_active" in r.stdout and "PROBLEMS" not in r.stdout

@@ -223,3 +223,77 @@ def test_two_agents_cannot_share_a_spool(tmp_path: Path) -> None:
         b.start()
     a.spool.unlock()
     b.start()
+
+
+def test_a_failing_source_does_not_end_the_agent(tmp_path: Path) -> None:
+    class Flaky:
+        name = "flaky"
+
+        def __init__(self) -> None:
+            self.inner = _sim()
+            self.n = 0
+
+        def devices(self):  # type: ignore[no-untyped-def]
+            return self.inner.devices()
+
+        def read(self, now: float):  # type: ignore[no-untyped-def]
+            self.n += 1
+            if self.n % 2 == 0:
+                raise RuntimeError("driver hiccup")
+            return self.inner.read(now)
+
+        def drain_events(self):  # type: ignore[no-untyped-def]
+            return []
+
+        def attribution(self, now: float):  # type: ignore[no-untyped-def]
+            return self.inner.attribution(now)
+
+        def close(self) -> None:
+            pass
+
+    src = Flaky()
+    agent = Agent(_cfg(tmp_path, interval_s=0.02, flush_s=0.1), src, [], clock=TickClock())  # type: ignore[arg-type]
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, args=(stop,))
+    t.start()
+    deadline = time.monotonic() + 20
+    while src.n < 10 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    t.join(20)
+    failures = agent.metrics.registry.get_sample_value("gpufleet_agent_cycle_failures_total")
+    cycles = agent.metrics.registry.get_sample_value("gpufleet_agent_cycles_total")
+    assert src.n >= 10 and failures and cycles and abs(failures - cycles) <= 1
+
+
+def test_nvml_agent_adds_infiniband_rates_by_pcie_affinity(tmp_path: Path) -> None:
+    from .test_infiniband import SWITCH_A, SWITCH_B, _gpu, _hca, _set
+
+    sys_root = tmp_path / "sys"
+    port = _hca(sys_root, "mlx5_0", f"{SWITCH_A}/0000:03:00.0", 0, ext=True)
+    _gpu(sys_root, "0000:17:00.0", f"{SWITCH_A}/0000:17:00.0", 0)  # the fake's GPU 0 is at 00000000:17:00.0
+    _gpu(sys_root, "0000:18:00.0", f"{SWITCH_B}/0000:18:00.0", 1)
+    port_b = _hca(sys_root, "mlx5_1", f"{SWITCH_B}/0000:83:00.0", 1, ext=True)
+    _set(port_b, 0, 0)
+    fake = FakeNvml([h100(0), h100(1)])
+    src = NvmlSource(fake, xid_events=False)
+    a = Agent(_cfg(tmp_path, sys_root=sys_root), src, [], clock=TickClock())  # default enrichers from config
+    a.start()
+    t0 = time.time() - 60
+    _set(port, 0, 0)
+    a.cycle(t0)
+    _set(port, 1000, 2000)
+    s = a.cycle(t0 + 1.0)
+    src.close()
+    by = {r.uuid: r.values for r in s.readings}
+    assert by[fake.gpus[0].uuid]["ib_tx_bytes_s"] == 4000.0 and by[fake.gpus[0].uuid]["ib_rx_bytes_s"] == 8000.0
+    assert by[fake.gpus[1].uuid]["ib_tx_bytes_s"] == 0.0, "GPU 1 carries its own (idle) HCA, not GPU 0's"
+
+
+def test_last_cycle_age_grows_while_the_loop_is_stuck(tmp_path: Path) -> None:
+    a = Agent(_cfg(tmp_path), _sim(), clock=TickClock())
+    a.cycle(a.clock())
+    fresh = a.metrics.registry.get_sample_value("gpufleet_agent_last_cycle_age_seconds")
+    time.sleep(0.3)  # no cycle runs: as if a source call hung
+    stale = a.metrics.registry.get_sample_value("gpufleet_agent_last_cycle_age_seconds")
+    assert fresh is not None and stale is not None and stale >= fresh + 0.25

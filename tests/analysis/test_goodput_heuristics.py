@@ -122,3 +122,56 @@ def test_missing_fields_are_tolerated() -> None:
     res = analyze_data(d)
     assert res.findings == []
     assert res.report["mfu"]["estimate"] is None
+
+
+def test_straggler_node_scope_and_peers_wait() -> None:
+    """Half of a 2-node job on a slow node: the leave-node-out reference names the node."""
+    d = generate(_job("llm_pretrain", n=16, minutes=40, jid="t-slow-node"))
+    slow = d.gpu >= 8  # ranks 8..15 are the second node
+    d.cols["sm_clock_mhz"] = np.where(slow & (d.cols["sm_active"] > 0.1), 1300.0, d.cols["sm_clock_mhz"])
+    d.cols["clock_event_reasons"] = np.where(slow, 0x40 | 0x8, 0.0)
+    d.cols["sm_active"] = np.where(slow, d.cols["sm_active"], d.cols["sm_active"] * 0.66)
+    res = analyze_data(d)
+    (f,) = res.findings
+    assert f.kind == "straggler" and f.scope == d.job.gpus[8][0]
+    assert f.evidence["level"] == "node" and len(f.evidence["gpus"]) == 8
+    assert 0.25 < f.evidence["peers_wait_fraction"] < 0.45
+    assert f.wasted_gpu_hours > 0
+
+
+def test_hw_fault_from_agent_events_only() -> None:
+    """An XID the agent saw as an event (not in the sampled xid_last) still flags the node;
+    application XIDs (13, 31, 43) do not."""
+    d = generate(_job("vision_train", n=2, minutes=35))
+    th = load_thresholds()
+    g = th.raw["general"]
+    feats = minute_features(d.ts, d.gpu, d.cols, 2, busy_sm_active=g["busy_sm_active"],
+                            critical_xids=tuple(th.kind("hw_fault")["critical_xids"]))
+    t = float(d.ts.min()) + 600
+    res = analyze(meta_of(d.job), feats, histograms(d.cols), th=th, events=[(t, 1, "xid", 13), (t, 0, "xid", 31)])
+    assert res.findings == []
+    res = analyze(meta_of(d.job), feats, histograms(d.cols), th=th, events=[(t, 1, "xid", 79)])
+    (f,) = res.findings
+    assert f.kind == "hw_fault" and f.scope == d.job.gpus[1][0] and f.severity == "critical"
+    assert f.evidence["gpus"][0]["xid"] == 79 and f.start_ts == t
+
+
+def test_invalid_thresholds_are_rejected(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "bad.toml"
+    p.write_text('[throttled]\nseverity = "loud"\n')
+    with pytest.raises(ValueError, match="severity"):
+        load_thresholds(str(p))
+
+
+def test_state_cache_is_bounded_in_bytes() -> None:
+    from gpufleet.analysis.features import MinuteFeatures
+    from gpufleet.analysis.state import JobState, StateCache
+
+    c = StateCache(max_jobs=100, max_bytes=300_000)  # ~3 states of 92 kB
+    for pk in range(10):
+        f = MinuteFeatures.empty(8)
+        f.n = np.zeros((8, 1440))
+        st = JobState(gpu_pks=list(range(8)), feats=f)
+        c.put(("db", pk), st)
+    assert c.nbytes() <= 300_000 and len(c) == 3
+    assert c.get(("db", 9)) is not None and c.get(("db", 0)) is None

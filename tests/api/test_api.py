@@ -108,9 +108,9 @@ def test_job_csv_per_gpu_report(api: Api) -> None:
         rows = list(csv.DictReader(io.StringIO(r.text)))
         assert [row["gpu_uuid"] for row in rows] == s.gpu_uuids["node-a"]
         assert float(rows[0]["sm_active_mean"]) == pytest.approx(0.92)
-    # the XSS job's CSV neutralises nothing it doesn't need to, but starts no formula
-    live = c.get("/api/v1/jobs/666", params={"format": "csv"}).text
-    assert "gpu_uuid" in live.splitlines()[0]
+    # a job without a report gets its per-GPU CSV from the rollups
+    live = list(csv.DictReader(io.StringIO(c.get("/api/v1/jobs/666", params={"format": "csv"}).text)))
+    assert len(live) == 1 and float(live[0]["sm_active_mean"]) == pytest.approx(0.3, abs=0.05)
 
 
 def test_timeseries_downsampled_per_gpu_and_aggregate(api: Api) -> None:
@@ -220,24 +220,39 @@ def test_metrics_registry_is_per_app(sqlite_url: str, live_server: Callable[...,
 
 
 def test_readyz_reports_database_down() -> None:
+    import threading
+    import time
+
+    import uvicorn
     from fastapi import FastAPI
-    from fastapi.testclient import TestClient
 
     from gpufleet.api import routes_ops
     from gpufleet.storage.db import make_engine
 
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    app = FastAPI()
-    app.state.engine = make_engine(f"postgresql://postgres@127.0.0.1:{port}/nothing",
+    def port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    app = FastAPI()  # just the ops router, on an engine whose server is not there
+    app.state.engine = make_engine(f"postgresql://postgres@127.0.0.1:{port()}/nothing",
                                    connect_args={"connect_timeout": 2})
     app.include_router(routes_ops.router)
-    with TestClient(app) as c:
-        r = c.get("/readyz")
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port(), log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    deadline = time.time() + 20
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.02)
+    try:
+        base = f"http://127.0.0.1:{srv.config.port}"
+        r = httpx.get(f"{base}/readyz", timeout=10)
         assert r.status_code == 503 and r.json()["status"] == "unavailable"
-        assert c.get("/healthz").status_code == 200
-    app.state.engine.dispose()
+        assert httpx.get(f"{base}/healthz").status_code == 200
+    finally:
+        srv.should_exit = True
+        th.join(10)
+        app.state.engine.dispose()
 
 
 def test_auth_roles(seeded: tuple[str, Seeded], live_server: Callable[..., Any]) -> None:
@@ -273,7 +288,8 @@ def test_kubernetes_job_ids_with_slashes(api: Api, seeded: tuple[str, Seeded]) -
         pk = conn.execute(insert(Job).values(cluster_id=cid, job_id="ml-team/trainer-0", source="kubernetes",
                                              namespace="ml-team", name="trainer-0", state="running",
                                              start_ts=s.start).returning(Job.id)).scalar_one()
-        gpk = conn.execute(select(Gpu.id).where(Gpu.uuid == s.gpu_uuids["node-a"][0])).scalar_one()
+        # node-b GPU 2 is free (job 1003 ended): one open allocation per GPU
+        gpk = conn.execute(select(Gpu.id).where(Gpu.uuid == s.gpu_uuids["node-b"][2])).scalar_one()
         conn.execute(insert(Allocation).values(job_pk=pk, gpu_pk=gpk, start_ts=s.start))
     e.dispose()
     r = c.get("/api/v1/jobs/ml-team%2Ftrainer-0")
@@ -284,3 +300,11 @@ def test_kubernetes_job_ids_with_slashes(api: Api, seeded: tuple[str, Seeded]) -
     ts = c.get("/api/v1/jobs/ml-team%2Ftrainer-0/timeseries", params={"gpu": "none"})
     assert ts.status_code == 200 and ts.json()["gpus"] == []
     assert c.get("/jobs/ml-team%2Ftrainer-0").status_code == 200
+
+
+def test_csv_cells_never_start_a_formula() -> None:
+    from gpufleet.api.routes_jobs import per_gpu_csv
+
+    out = per_gpu_csv([{"gpu_uuid": "GPU-1", "node": "=HYPERLINK(\"http://x\")", "index": 0, "sm_active_mean": 0.5}])
+    row = next(iter(csv.DictReader(io.StringIO(out))))
+    assert row["node"].startswith("'=") and row["sm_active_mean"] == "0.5"

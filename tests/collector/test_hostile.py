@@ -106,3 +106,32 @@ def test_garbage_bodies_are_4xx(server, body, ctype, enc) -> None:
     r = httpx.post(srv.url + "/api/v1/ingest", content=body, headers=headers, timeout=30)
     assert 400 <= r.status_code < 500, (body, headers, r.status_code, r.text)
     assert _totals(engine) == before
+
+
+@SETTINGS
+@given(path=st.sampled_from(PATHS), value=hostile, fmt=st.sampled_from(["msgpack", "json"]))
+def test_fast_decode_agrees_with_generic_path(path, value, fmt) -> None:
+    """The typed fast decoder accepts only what the generic decode + prepare accepts, and
+    produces the same arrays."""
+    import numpy as np
+
+    from gpufleet import protocol
+    from gpufleet.collector.fastdecode import decode_prepared
+    from gpufleet.storage.writes import BatchRejected, prepare
+
+    doc = msgspec.to_builtins(make_batch("h1", seq=1, start=1.79e9, gpus=2, seconds=4))
+    _set(doc, path, value)
+    enc = _encode(doc, fmt)
+    if enc is None:
+        return
+    fast = decode_prepared(enc[0], enc[1]["Content-Type"])
+    try:
+        slow = prepare(protocol.decode(enc[0], enc[1]["Content-Type"]))
+    except (protocol.ProtocolError, BatchRejected):
+        slow = None
+    if fast is None:
+        return  # the generic path decides (and names the problem)
+    assert slow is not None, (path, value)
+    assert np.array_equal(fast.ts, slow.ts)
+    assert np.array_equal(fast.vals, slow.vals, equal_nan=True)
+    assert fast.gpu == slow.gpu and fast.job == slow.job and fast.key == slow.key

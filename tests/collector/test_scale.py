@@ -120,3 +120,36 @@ def test_import_spanning_days_creates_partitions(pg_url, tmp_path, n_days) -> No
         names = {n for n, _ in retention.list_partitions(c, "gpu_samples")}
     assert {retention.partition_name("gpu_samples", start + d * 86400) for d in range(n_days)} <= names
     e.dispose()
+
+
+def test_samples_round_trip_exactly(database_url) -> None:
+    """Every stored cell equals what was sent (f4 columns to float32 precision), nulls and
+    mixed job/no-job rows included: checks the numpy-built binary COPY stream on PostgreSQL."""
+    from gpufleet.catalog import CATALOG
+
+    now = time.time()
+    b = make_batch("rt", seq=0, start=now - 60, gpus=3, seconds=4, seed=7)
+    b.samples["job"][1] = None
+    b.samples["sm_active"][2] = None
+    b.samples["xid_last"][5] = None
+    b.samples["energy_j"] = [None] * len(b.samples["ts"])
+    e = make_engine(database_url)
+    with e.begin() as c:
+        write_batches(c, [b], now)
+    with e.connect() as c:
+        rows = c.execute(text("select s.*, g.uuid, j.job_id from gpu_samples s join gpus g on g.id = s.gpu_pk "
+                              "left join jobs j on j.id = s.job_pk")).mappings().all()
+    e.dispose()
+    got = {(r["uuid"], r["ts"]): r for r in rows}
+    assert len(got) == len(b.samples["ts"]) == 12
+    for i, (u, t) in enumerate(zip(b.samples["gpu"], b.samples["ts"], strict=True)):
+        r = got[(u, t)]
+        assert r["job_id"] == b.samples["job"][i]
+        for f in CATALOG.fields:
+            sent, stored = b.samples[f.name][i], r[f.name]
+            if sent is None:
+                assert stored is None, (f.name, i)
+            elif f.dtype == "f4":
+                assert stored == pytest.approx(sent, rel=1e-6), (f.name, i)
+            else:
+                assert stored == sent, (f.name, i)

@@ -177,7 +177,7 @@ def test_job_page_64_gpus_24h_renders_under_a_second(browser: Any, sqlite_url: s
     finally:
         ctx.close()
     print(f"job page, 64 GPUs x 24 h: render {min(times):.0f} ms (runs {[round(t) for t in times]}), step {step} s")
-    # every GPU line plus the job line, about 480 points each
-    assert charts["sm_active"] >= 65 * 400, charts
+    # every GPU line plus the job line, about 360 points each
+    assert charts["sm_active"] >= 65 * 350, charts
     assert p.errors == []
     assert min(times) < 1000, times
