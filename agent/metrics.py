@@ -113,11 +113,17 @@ class AgentMetrics:
         self.last_cycle_age = Gauge("gpufleet_agent_last_cycle_age_seconds",
                                     "Seconds since the last sample cycle finished (alert when it grows).", registry=r)
         self.last_cycle_age.set_function(lambda: time.monotonic() - self.last_cycle_end)
+        self.clock_skew = Gauge("gpufleet_agent_clock_skew_seconds",
+                                "This node's clock minus the collector's (from the HTTP Date header).", registry=r)
         self.gpu = _GpuCollector(node, dcgm_names)
         r.register(self.gpu)
         self._server: Any = None
 
     # callbacks from the sender and spool
+    def skew(self, seconds: float | None) -> None:
+        if seconds is not None:
+            self.clock_skew.set(seconds)
+
     def sent(self, rows: int, duplicate: bool) -> None:
         self.batches_sent.inc()
         self.rows_sent.inc(rows)

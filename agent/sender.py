@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 PERMANENT = frozenset({400, 413, 415, 422})
 AUTH = frozenset({401, 403, 409})  # 409: another node reports our GPUs (a config error too)
 THROTTLE = frozenset({429, 503})
+CLOCK_SKEW_WARN_S = 60.0
 
 
 class Outcome(Enum):
@@ -106,6 +107,8 @@ class Sender:
         self._last_auth_log = 0.0
         self._down_since: float | None = None
         self.stopping = False  # at shutdown an unreachable collector is expected, not news
+        self.clock_skew_s: float | None = None
+        self._last_skew_log = -1e18
 
     # --- one attempt ---------------------------------------------------------------------
 
@@ -124,6 +127,7 @@ class Sender:
         except httpx.HTTPError as e:
             return Result(Outcome.FAILED, None, f"{type(e).__name__}: {e}")
         status = resp.status_code
+        self._check_clock(resp.headers.get("Date"))
         if status == 200:
             try:
                 ans = resp.json()
@@ -140,6 +144,22 @@ class Sender:
                           retry_after=parse_retry_after(resp.headers.get("Retry-After"), time.time()))
         return Result(Outcome.FAILED, status, _detail(resp))
 
+    def _check_clock(self, date: str | None) -> None:
+        """The collector refuses samples too far in the future or past: a skewed node clock
+        would turn into dead letters, so say so early (HTTP Date has 1 s resolution)."""
+        if not date:
+            return
+        try:
+            server = email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError):
+            return
+        skew = time.time() - server
+        self.clock_skew_s = skew
+        if abs(skew) > CLOCK_SKEW_WARN_S and time.monotonic() - self._last_skew_log > 3600:
+            self._last_skew_log = time.monotonic()
+            log.warning("this node's clock is %+.0f s off the collector's: fix NTP (the collector rejects samples "
+                        "more than a few minutes in the future)", skew)
+
     def send_one(self) -> tuple[Result, float] | None:
         """Try the oldest spooled batch once; returns (result, seconds to wait before the
         next try), or None when the spool is empty."""
@@ -148,6 +168,8 @@ class Sender:
             return None
         r = self.post(item)
         m = self.metrics
+        if m:
+            m.skew(self.clock_skew_s)  # type: ignore[attr-defined]
         if r.outcome is Outcome.SENT:
             self.spool.ack(item)
             self.backoff.reset()

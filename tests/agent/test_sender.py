@@ -164,3 +164,17 @@ def test_agent_loop_waits_as_told(tmp_path: Path, server: Scripted) -> None:
     gap = server.requests[1][0] - server.requests[0][0]
     assert gap >= 0.95, f"retried after {gap:.2f} s, Retry-After said 1"
     assert len(s.spool) == 0
+
+
+def test_clock_skew_from_the_date_header_is_reported(tmp_path: Path, server: Scripted,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from gpufleet.agent.metrics import AgentMetrics
+
+    server.script = [(200, {"Date": email.utils.formatdate(time.time() - 600, usegmt=True)}, {"stored": 1})]
+    m = AgentMetrics("n")
+    s = _sender(tmp_path, server.url, n=1, metrics=m)
+    with caplog.at_level(logging.WARNING):
+        s.send_one()
+    skew = m.registry.get_sample_value("gpufleet_agent_clock_skew_seconds")
+    assert skew is not None and 595 <= skew <= 605
+    assert "clock is +" in caplog.text and "NTP" in caplog.text
