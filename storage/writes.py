@@ -173,7 +173,7 @@ def prepare(batch: Batch) -> Prepared:
         with np.errstate(invalid="ignore"):
             out = (arr < _MIN[j]) | (arr > _MAX[j])
             if _IS_I8[j]:
-                out |= arr != np.floor(arr)
+                out |= (arr != np.floor(arr)) & ~np.isnan(arr)  # null is fine, 1.5 is not
         if out.any():
             i = int(np.argmax(out))
             f = FIELDS[j]
@@ -228,7 +228,7 @@ def _fast_fields(s: dict[str, list[Any]], present: list[tuple[int, str]], vals: 
         ints = _IS_I8[idx]
         if ints.any():
             m = mat[ints]
-            bad[ints] |= m != np.floor(m)
+            bad[ints] |= (m != np.floor(m)) & ~np.isnan(m)
     if bad.any():
         return False
     vals[idx] = mat

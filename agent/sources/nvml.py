@@ -99,8 +99,10 @@ class NvmlSource:
     name = "nvml"
 
     def __init__(self, module: Any = None, *, gpm: bool = True, xid_events: bool = True,
-                 event_poll_ms: int = 500) -> None:
+                 event_poll_ms: int = 500, reprobe_s: float = 60.0) -> None:
         self.nvml = Nvml(module)
+        self.reprobe_s = reprobe_s  # how often to look for a lost GPU coming back (after a reset)
+        self._last_probe = time.monotonic()
         self.use_gpm = gpm
         self.use_xid = xid_events
         self.event_poll_ms = event_poll_ms
@@ -207,7 +209,10 @@ class NvmlSource:
     def read(self, now: float) -> list[GpuReading]:
         out: list[GpuReading] = []
         lost_parents: set[int] = set()
-        for d in self._devices():
+        devs = self._devices()
+        if time.monotonic() - self._last_probe >= self.reprobe_s and any(d.lost for d in devs):
+            self._reprobe()
+        for d in self._devs or []:
             if d.lost:
                 continue
             if d.is_mig and _handle_key(d.parent) in lost_parents:
@@ -224,6 +229,37 @@ class NvmlSource:
                 continue
             out.append(GpuReading(uuid=d.info.uuid, values=values, pids=pids))
         return out
+
+    def _reprobe(self) -> None:
+        """A GPU reset (nvidia-smi -r) brings a lost GPU back under the same index and UUID
+        with a new handle: take it (and its MIG instances) back into the readings."""
+        self._last_probe = time.monotonic()
+        n = self.nvml
+        for d in [d for d in self._devs or [] if d.lost and not d.is_mig]:
+            try:
+                h = n.call("nvmlDeviceGetHandleByIndex", d.info.index)
+                if h is NA or _text(n.call("nvmlDeviceGetUUID", h)) != d.info.uuid:
+                    continue
+                back = _Device(d.info, h, gpm=d.gpm, gpm_samples=d.gpm_samples)
+                migs = self._mig_instances(back)
+            except GpuLost:
+                continue
+            for m in migs:
+                m.gpm_samples = [n.call("nvmlGpmSampleAlloc"), n.call("nvmlGpmSampleAlloc")] if m.gpm else []
+            # Replace the lost device and its old MIG rows, in place, keeping the order.
+            devs = self._devs or []
+            i = devs.index(d)
+            old_migs = [x for x in devs[i + 1 :] if x.info.parent_uuid == d.info.uuid]
+            for x in old_migs:
+                for smp in x.gpm_samples:
+                    n.call("nvmlGpmSampleFree", smp)
+            self._devs = [*devs[:i], back, *migs, *(x for x in devs[i + 1 :] if x not in old_migs)]
+            self._by_handle[_handle_key(h)] = back
+            if self._event_set is not None and n.call("nvmlDeviceRegisterEvents", h, XID_EVENT,
+                                                      self._event_set) is not NA:
+                back.xid = True
+            log.warning("GPU %d (%s) answers again: sampling it", d.info.index, d.info.uuid)
+            self._event("other", d.info.uuid, "GPU back on the bus (reset)")
 
     def _read_gpu(self, d: _Device, now: float) -> tuple[dict[str, float], tuple[int, ...]]:
         n, h = self.nvml, d.handle

@@ -113,3 +113,39 @@ def test_dcgm_exporter_node_with_pods(database_url, live_server, tmp_path: Path)
     assert _query(database_url, "select count(*) from gpu_samples") == [(4,)]
     assert _query(database_url, "select job_id, source, namespace from jobs") == [("ml/p0", "kubernetes", "ml")]
     assert _query(database_url, "select max(fb_used_bytes) from gpu_samples") == [(1024 * 2**20,)]
+
+
+def test_bearer_token_against_a_collector_that_requires_one(database_url, live_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Wrong token: 401, the batch stays spooled (nothing dropped). Right token: stored.
+    A token scoped to another node: refused, still kept."""
+    from gpufleet.agent.sender import Outcome
+    from gpufleet.agent.simulator import SimulatedFleet
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.tokens import create_token
+
+    eng = make_engine(database_url)
+    good = create_token(eng, "n1-agent", "agent", node="sim-node-000")
+    other = create_token(eng, "n2-agent", "agent", node="sim-node-001")
+    eng.dispose()
+    srv = live_server(database_url, allow_anonymous=False)
+    fleet = SimulatedFleet(nodes=1, gpus_per_node=2, start_ts=time.time() - 7200)
+
+    def agent(token: str) -> Agent:
+        a = Agent(AgentConfig(collector_url=srv.url, token=token, node="sim-node-000", spool_dir=tmp_path / "s"),
+                  fleet.source("sim-node-000"), clock=TickClock(start=time.time() - 60))
+        a.start()
+        return a
+
+    a = agent("gf_not_a_token")
+    a.cycle(a.clock())
+    a.flush()
+    r, _ = a.sender.send_one()  # type: ignore[misc]
+    assert r.outcome is Outcome.AUTH and r.status == 401 and len(a.spool) == 1
+    a.spool.unlock()
+    a = agent(other)
+    r, _ = a.sender.send_one()  # type: ignore[misc]
+    assert r.outcome is Outcome.AUTH and r.status == 403 and len(a.spool) == 1
+    a.spool.unlock()
+    a = agent(good)
+    _deliver(a)
+    assert _query(database_url, "select count(*) from gpu_samples") == [(2,)]

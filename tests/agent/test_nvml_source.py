@@ -239,3 +239,28 @@ def test_real_gpu_script_runs_against_the_fake() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "GPM supported on 2 of 7" in r.stdout and "per cycle over" in r.stdout
     assert "sm_active" in r.stdout and "PROBLEMS" not in r.stdout
+
+
+def test_a_reset_gpu_comes_back_with_its_mig_instances(clock: Clock) -> None:
+    fake = FakeNvml([h100(0), a100(1, mig=True)], clock=clock)
+    src = NvmlSource(fake, event_poll_ms=50, reprobe_s=0.0)
+    try:
+        assert len(src.read(clock.t)) == 6
+        fake.fall_off_bus(1)
+        assert len(src.read(clock.t + 1)) == 1, "the A100 and its 4 MIG instances are gone"
+        assert len(src.read(clock.t + 2)) == 1, "still gone while it does not answer"
+        fake.gpus[1].lost = False  # nvidia-smi -r
+        rows = src.read(clock.t + 3)
+        assert sorted(r.uuid for r in rows) == sorted(d.uuid for d in src.devices())
+        assert len(rows) == 6 and len(src.devices()) == 6
+        kinds = [e.kind for e in src.drain_events()]
+        assert kinds == ["fell_off_bus", "other"]
+        fake.inject_xid(1, 94)  # XID events still name the GPU after it came back
+        deadline = time.monotonic() + 5
+        ev = []
+        while not ev and time.monotonic() < deadline:
+            ev = src.drain_events()
+            time.sleep(0.02)
+        assert [(e.code, e.gpu_uuid) for e in ev] == [(94, fake.gpus[1].uuid)]
+    finally:
+        src.close()

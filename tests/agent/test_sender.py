@@ -32,7 +32,10 @@ class Scripted:
                 outer.requests.append((time.monotonic(), dict(self.headers), body))
                 status, headers, payload = outer.script.pop(0) if outer.script else (200, {}, {"stored": 1})
                 data = json.dumps(payload).encode()
-                self.send_response(status)
+                if "Date" in headers:
+                    self.send_response_only(status)  # no automatic Date: the script's stands alone
+                else:
+                    self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
                 self.send_header("Content-Type", "application/json")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -36,9 +37,9 @@ def _as_postgres(args: list[str]) -> list[str]:
 
 class ThrowawayPg:
     def __init__(self) -> None:
-        from tests.conftest import free_port
-
-        self.port = free_port()
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
         self.dir = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
         self.data = self.dir / "data"
         if os.geteuid() == 0:
@@ -49,8 +50,9 @@ class ThrowawayPg:
 
     def start(self) -> None:
         opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
-        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", opts, "-w", "-t", "60",
-                                     "-l", str(self.dir / "log"), "start"]), check=True, capture_output=True, timeout=90)
+        cmd = [str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", opts, "-w", "-t", "60", "-l",
+               str(self.dir / "log"), "start"]
+        subprocess.run(_as_postgres(cmd), check=True, capture_output=True, timeout=90)
 
     def stop(self, mode: str = "fast") -> None:
         subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"]),
