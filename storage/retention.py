@@ -68,6 +68,15 @@ def missing_days(url: str, days: Iterable[int], tables: Iterable[str] = PARTITIO
         return [(t, d) for d in sorted(set(days)) for t in tables if (url, t, d) not in _known]
 
 
+def create_partition_sql(table: str, day: int) -> str:
+    # Rollup rows are updated in place every few seconds (each batch folds into its
+    # GPU-minute row): free space in each page lets PostgreSQL make those HOT updates
+    # instead of new index entries and page splits.
+    storage = " WITH (fillfactor = 70)" if table in ROLLUP_TABLES else ""
+    return (f'CREATE TABLE IF NOT EXISTS "{partition_name(table, day)}" PARTITION OF "{table}" '
+            f"FOR VALUES FROM ({day}) TO ({day + DAY}){storage}")
+
+
 def ensure_partitions(engine: Engine, days: Iterable[int], tables: Iterable[str] = PARTITIONED) -> int:
     """Create the daily partitions covering ``days`` (epoch day starts) when absent, each in
     its own transaction. A no-op on SQLite. Returns how many were created."""
@@ -78,8 +87,7 @@ def ensure_partitions(engine: Engine, days: Iterable[int], tables: Iterable[str]
     created = 0
     for table, day in todo:
         name = partition_name(table, day)
-        sql = (f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF "{table}" '
-               f"FOR VALUES FROM ({day}) TO ({day + DAY})")
+        sql = create_partition_sql(table, day)
         for attempt in range(3):
             try:
                 with engine.begin() as c:

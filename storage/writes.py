@@ -248,6 +248,7 @@ class WriteCache:
     gpus: dict[str, tuple[int, int, tuple[Any, ...], float]] = field(default_factory=dict)  # uuid -> pk,node,attrs,seen
     jobs: dict[tuple[int, str], tuple[int, tuple[Any, ...]]] = field(default_factory=dict)
     job_times: dict[int, tuple[float, float]] = field(default_factory=dict)  # pk -> start, last written
+    node_seen: dict[int, tuple[float, str]] = field(default_factory=dict)  # pk -> last_seen, version written
 
     def clear(self) -> None:
         self.clusters.clear()
@@ -255,13 +256,15 @@ class WriteCache:
         self.gpus.clear()
         self.jobs.clear()
         self.job_times.clear()
+        self.node_seen.clear()
 
 
-GPU_SEEN_EVERY_S = 60.0  # gpus.last_seen granularity (nodes.last_seen is exact)
+GPU_SEEN_EVERY_S = 600.0  # gpus.last_seen granularity (nodes.last_seen is exact; nothing reads the GPU one)
 # jobs.last_sample_ts granularity for a long-lived cache (the collector's): a job's row is
 # shared by every node of the job, so updating it in every group commit would serialise
 # concurrent collector processes on that row lock. Stale-job detection works in minutes.
 JOB_TOUCH_EVERY_S = 15.0
+NODE_SEEN_EVERY_S = 5.0  # nodes.last_seen granularity (agents flush every ~10 s anyway)
 GPU_MOVE_AFTER_S = 600.0  # a GPU uuid may move to another node once its old node is silent this long
 
 
@@ -582,8 +585,12 @@ def _upsert_rollup(conn: Connection, table: Any, key_col: str, keys: np.ndarray,
 def _array_text(a: np.ndarray, *, integer: bool) -> str:
     """A PostgreSQL array literal; NaN becomes NULL. (C-level joins: no per-element dumper.)"""
     af = a.astype(np.float64)
-    if integer and not np.isnan(af).any():
-        body = ",".join(map(str, a.astype(np.int64).tolist()))
+    nan = np.isnan(af)
+    if integer:
+        items = list(map(str, np.where(nan, 0, af).astype(np.int64).tolist()))
+        for i in np.flatnonzero(nan).tolist():
+            items[i] = "NULL"
+        body = ",".join(items)
     else:
         body = ",".join(map(repr, af.tolist())).replace("nan", "NULL")
     return "{" + body + "}"
@@ -649,13 +656,20 @@ def write_batches(conn: Connection, batches: Sequence[Batch | Prepared], now: fl
     if not active:
         return WriteResult([r for r in results if r is not None])
 
-    # Nodes seen now (one update per node, in id order).
+    # Nodes seen now (one update per node, in id order; at most every NODE_SEEN_EVERY_S per
+    # process unless the agent version changed).
     node_seen: dict[int, tuple[float, str]] = {}
     for i in active:
-        node_seen[nids[node_key[i]]] = (now, preps[i].batch.agent.version)
-    conn.execute(update(Node.__table__).where(Node.__table__.c.id == bindparam("nid"))
-                 .values(last_seen=bindparam("seen"), agent_version=bindparam("ver")),
-                 [{"nid": k, "seen": v[0], "ver": v[1] or None} for k, v in sorted(node_seen.items())])
+        nid = nids[node_key[i]]
+        ver = preps[i].batch.agent.version
+        last = cache.node_seen.get(nid)
+        if last is None or now - last[0] >= NODE_SEEN_EVERY_S or last[1] != ver:
+            node_seen[nid] = (now, ver)
+    if node_seen:
+        conn.execute(update(Node.__table__).where(Node.__table__.c.id == bindparam("nid"))
+                     .values(last_seen=bindparam("seen"), agent_version=bindparam("ver")),
+                     [{"nid": k, "seen": v[0], "ver": v[1] or None} for k, v in sorted(node_seen.items())])
+        cache.node_seen.update(node_seen)
 
     # GPUs: those listed in the batch; a sample's GPU must be listed or already known for the node.
     per_node: dict[int, dict[str, Any]] = {}
@@ -756,8 +770,7 @@ def _ensure_partitions_inline(conn: Connection, days: set[int]) -> None:
     for table, day in todo:
         name = retention.partition_name(table, day)
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": name})
-        conn.execute(text(f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF "{table}" '
-                          f"FOR VALUES FROM ({day}) TO ({day + retention.DAY})"))
+        conn.execute(text(retention.create_partition_sql(table, day)))
     # Marked known only by the caller's successful commit would be exact; marking now is
     # safe because a rollback leaves "no partition for row" errors, on which the collector
     # forgets the cache and retries.

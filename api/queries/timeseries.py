@@ -94,6 +94,10 @@ def job_timeseries(session: Session, job: Job, *, fields: list[str], gpus: list[
                                 .where(gpu_samples_1m.c.job_pk == job.id)).scalar()
         start = max(job.start_ts or 0.0, first or 0.0) or (t_end - 3600)
     t_start = start
+    if t_end <= t_start and end is None:
+        # A job that ended without a single sample (the collector closes it at its start):
+        # an empty minute, not an error the caller could not have avoided.
+        t_end = t_start + ROLLUP_S
     if t_end <= t_start:
         raise BadRequest("end must be after start")
     if t_end - t_start > 90 * 86400:

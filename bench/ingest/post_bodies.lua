@@ -1,8 +1,9 @@
 -- wrk script: POST prepared bodies in rotation, each with a distinct idempotency key.
--- args: <bodies file> <path> <content-type> [placeholder]
+-- args: <bodies file> <path> <content-type> [placeholder run-id]
 -- The bodies file holds records "<10-digit length><body>". When a placeholder is given,
 -- every body contains it exactly once (inside agent.boot_id, same length) and each request
--- replaces it with a key unique per thread and request, so no request is a duplicate.
+-- replaces it with a key unique per run (4-character run id), thread and request, so no
+-- request is a duplicate, not even of an earlier run (the warm-up) against the same database.
 local threads = {}
 local counter = 0
 
@@ -19,6 +20,7 @@ function init(args)
   path = args[2]
   headers = {["Content-Type"] = args[3]}
   placeholder = args[4]
+  run = args[5] or "0000"
   pre, post, whole = {}, {}, {}
   local pos = 1
   while pos <= #data do
@@ -42,7 +44,7 @@ function request()
   i = i + 1
   local k = (i % n) + 1
   if placeholder then
-    local key = string.format("%02d%014d", tid, i)
+    local key = string.format("%s%02d%010d", run, tid, i)
     return wrk.format("POST", path, headers, pre[k] .. key .. post[k])
   end
   return whole[k]

@@ -80,7 +80,7 @@ def test_nvml_node_with_slurm_job_and_mig(database_url, live_server, tmp_path: P
     _deliver(agent)
     src.close()
     assert _query(database_url, "select count(*) from gpu_samples") == [(3 * 7,)]  # 3 GPUs + 4 MIG rows
-    assert _query(database_url, "select job_id, user, account from jobs") == [("280678", "alice", "nlp")]
+    assert _query(database_url, 'select job_id, "user", account from jobs') == [("280678", "alice", "nlp")]
     n_alloc = _query(database_url, "select count(*) from allocations")[0][0]
     assert n_alloc == 3  # GPU 0 (process), GPU 1 (mapping dir), the MIG instance (process)
     migs = _query(database_url, "select count(*) from gpus where parent_uuid is not null and mig_profile = '1g.20gb'")

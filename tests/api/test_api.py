@@ -298,7 +298,7 @@ def test_kubernetes_job_ids_with_slashes(api: Api, seeded: tuple[str, Seeded]) -
     assert r.json()["links"]["web"] == "/jobs/ml-team%2Ftrainer-0?cluster=default"
     assert c.get("/api/v1/jobs/ml-team/trainer-0").json()["n_gpus"] == 1
     ts = c.get("/api/v1/jobs/ml-team%2Ftrainer-0/timeseries", params={"gpu": "none"})
-    assert ts.status_code == 200 and ts.json()["gpus"] == []
+    assert ts.status_code == 200 and ts.json()["gpus"] == [], ts.text
     assert c.get("/jobs/ml-team%2Ftrainer-0").status_code == 200
 
 

@@ -153,3 +153,70 @@ def test_samples_round_trip_exactly(database_url) -> None:
                 assert stored == pytest.approx(sent, rel=1e-6), (f.name, i)
             else:
                 assert stored == sent, (f.name, i)
+
+
+def test_serve_with_two_worker_processes(pg_url, tmp_path) -> None:
+    """`gpufleet serve --workers 2`: each forked process runs its own lifespan, queue and
+    writer; together they store every batch exactly once."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "serve.log").open("wb")
+    p = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "serve", "--database-url", pg_url, "--port", str(port),
+                          "--workers", "2", "--allow-anonymous"], stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if post(url, make_batch("warm", seq=0, start=time.time() - 30, gpus=1, seconds=1)).status_code == 200:
+                    break
+            except Exception:  # not listening yet
+                time.sleep(0.3)
+        start = time.time() - 300
+        batches = [make_batch(f"w{i % 10}", seq=i // 10, start=start + (i // 10) * 10, gpus=2) for i in range(60)]
+        with ThreadPoolExecutor(8) as ex:
+            first = list(ex.map(lambda b: post(url, b).json(), batches))
+            again = list(ex.map(lambda b: post(url, b).json(), batches))  # retries, any process
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(30)
+        log.close()
+    assert all(not x["duplicate"] and x["stored"] == 20 for x in first), first
+    assert all(x["duplicate"] for x in again)
+    assert counts(pg_url)["gpu_samples"] == 60 * 20 + 1
+    pids = {line.split("[")[1].split("]")[0] for line in (tmp_path / "serve.log").read_text().splitlines()
+            if "Started server process" in line}
+    assert len(pids) == 2, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def test_partial_fields_and_idle_gpus(database_url) -> None:
+    """A batch with only some catalog fields, where some GPUs run no job (null job in the
+    newest row of a minute): stored, rolled up, job-less GPU rollups have no job."""
+    now = time.time()
+    b = make_batch("idle", seq=0, start=now - 60, gpus=2, seconds=3, fields=("sm_active", "clock_event_reasons"))
+    b.samples["job"] = [None if u == b.gpus[1].uuid else j for u, j in zip(b.samples["gpu"], b.samples["job"],
+                                                                           strict=True)]
+    b.samples["clock_event_reasons"][0] = None
+    e = make_engine(database_url)
+    with e.begin() as c:
+        assert write_batches(c, [b], now).stored == 6
+    with e.connect() as c:
+        rows = c.execute(text("select g.uuid, r.job_pk, r.n, r.clock_event_reasons, r.temp_c from gpu_samples_1m r "
+                              "join gpus g on g.id = r.gpu_pk")).all()
+    e.dispose()
+    by = {}
+    for uuid, job_pk, n, _cer, temp in rows:
+        by.setdefault(uuid, []).append((job_pk, n, temp))
+    assert all(job is None for job, _, _ in by[b.gpus[1].uuid])
+    assert all(job is not None for job, _, _ in by[b.gpus[0].uuid])
+    assert sum(n for v in by.values() for _, n, _ in v) == 6
+    assert all(temp is None for v in by.values() for _, _, temp in v)
