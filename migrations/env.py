@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import pool
+
 from gpufleet.storage.db import make_engine
 from gpufleet.storage.models import Base
-from sqlalchemy import pool
 
 config = context.config
 target_metadata = Base.metadata

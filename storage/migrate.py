@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gpufleet.migrations
 from alembic import command
 from alembic.config import Config
+
+import gpufleet.migrations
 
 MIGRATIONS_DIR = Path(gpufleet.migrations.__file__).parent
 
@@ -33,6 +34,7 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 def current(url: str) -> str | None:
     from alembic.runtime.migration import MigrationContext
+
     from gpufleet.storage.db import make_engine
 
     engine = make_engine(url)
