@@ -21,18 +21,10 @@ from gpufleet.alerts.ratelimit import Limiter, MemoryLimiter, RedisLimiter
 
 log = logging.getLogger(__name__)
 
-_engine: tuple[int, str, Engine] | None = None
-
-
 def _engine_for_process() -> Engine:
-    """One engine per worker process (created after the prefork, never inherited)."""
-    global _engine
-    from gpufleet.storage.db import make_engine, resolve_url
+    from gpufleet.storage.db import engine_for_process
 
-    url = resolve_url(None)
-    if _engine is None or _engine[0] != os.getpid() or _engine[1] != url:
-        _engine = (os.getpid(), url, make_engine(url))
-    return _engine[2]
+    return engine_for_process()
 
 
 def _config() -> AlertConfig:

@@ -27,18 +27,10 @@ LOCK_TTL_S = float(os.environ.get("GPUFLEET_ANALYSIS_LOCK_TTL_S", "30"))  # refr
 _REFRESH = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
-_engine: tuple[int, str, Engine] | None = None
-
-
 def _engine_for_process() -> Engine:
-    """One engine per worker process (created after the prefork, never inherited)."""
-    global _engine
-    from gpufleet.storage.db import make_engine, resolve_url
+    from gpufleet.storage.db import engine_for_process
 
-    url = resolve_url(None)
-    if _engine is None or _engine[0] != os.getpid() or _engine[1] != url:
-        _engine = (os.getpid(), url, make_engine(url))
-    return _engine[2]
+    return engine_for_process()
 
 
 def _lock() -> tuple[Any, str] | None:

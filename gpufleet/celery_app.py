@@ -38,6 +38,13 @@ def beat_schedule() -> dict[str, dict[str, object]]:
             "schedule": every,
             "options": {"expires": max(1.0, every * 0.9)},
         },
+        # Analysis triggers alert evaluation when flags change; this tick also covers what
+        # changes with time alone: reminders (repeat interval), silence expiry, the digest.
+        "evaluate-alerts": {
+            "task": "gpufleet.alerts.evaluate_alerts",
+            "schedule": 60.0,
+            "options": {"expires": 54.0},
+        },
     }
 
 

@@ -63,3 +63,16 @@ def make_engine(url: str, **kw: object) -> Engine:
         kw.setdefault("pool_size", 10)
         kw.setdefault("max_overflow", 20)
     return create_engine(url, **kw)
+
+
+_process_engine: tuple[int, str, Engine] | None = None
+
+
+def engine_for_process() -> Engine:
+    """One engine per worker process for Celery tasks: created after the prefork (a pooled
+    connection inherited across fork is shared by two processes), re-created if the URL changes."""
+    global _process_engine
+    url = resolve_url(None)
+    if _process_engine is None or _process_engine[0] != os.getpid() or _process_engine[1] != url:
+        _process_engine = (os.getpid(), url, make_engine(url))
+    return _process_engine[2]

@@ -16,6 +16,7 @@ shared rows in sorted key order; the caller retries the rare one that remains.""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 from collections.abc import Iterable, Sequence
@@ -24,6 +25,9 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import psycopg
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 from sqlalchemy import Connection, and_, bindparam, case, literal_column, select, text, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
@@ -183,9 +187,10 @@ def prepare(batch: Batch) -> Prepared:
     return Prepared(batch, ts, list(gpu), list(job), vals, tuple(cols))
 
 
-def prepare_typed(batch: Batch, s: dict[str, list[Any]]) -> Prepared | None:
+def prepare_typed(batch: Batch, s: dict[str, Any]) -> Prepared | None:
     """``prepare`` for columns a typed decoder already produced (``ts``: floats, ``gpu``:
-    strings, ``job``: strings or None, fields: floats or None). Returns None when anything is
+    strings, ``job``: strings or None, fields: floats or None; ``ts`` and fields may also be
+    float64 numpy arrays). Returns None when anything is
     wrong: the caller then runs the generic ``prepare``, which names the field and row."""
     if not s:
         return Prepared(batch, np.empty(0), [], [], np.full((NF, 0), np.nan))
@@ -218,12 +223,16 @@ def _fast_fields(s: dict[str, list[Any]], present: list[tuple[int, str]], vals: 
     except (msgspec.ValidationError, OverflowError, ValueError, TypeError):
         return False
     nan = np.isnan(mat)
-    if nan.any() and int(nan.sum()) != sum(c.count(None) for c in cols):
+    has_nan = bool(nan.any())
+    # Only list columns can hold nulls (a numpy column from the collector's fast decode
+    # has none), so any NaN beyond the lists' None count is a real NaN, not a null.
+    if has_nan and int(nan.sum()) != sum(c.count(None) for c in cols if isinstance(c, list)):
         return False  # a real NaN, not a null
     if np.isinf(mat).any():
         return False
     idx = np.array([j for j, _ in present])
-    with np.errstate(invalid="ignore"):
+    # errstate costs microseconds per request: enter it only when NaNs are there to compare.
+    with np.errstate(invalid="ignore") if has_nan else contextlib.nullcontext():
         bad = (mat < _MIN[idx][:, None]) | (mat > _MAX[idx][:, None])
         ints = _IS_I8[idx]
         if ints.any():
@@ -540,10 +549,10 @@ def _rollup_sql(dialect: str, table: str, key_col: str) -> str:
     if dialect == "postgresql":
         types = ["int4[]", "float8[]", "int4[]", "float8[]"] + (["int4[]"] if table == "gpu_samples_1m" else []) \
             + [_PG_ARRAY[f.dtype] for f in FIELDS]
-        # One statement for all rows: each column arrives as one array literal (text) and is
-        # unnested into rows. Integer fields travel as float8 text (NaN marks null) and are
-        # cast; the statement is prepared once per connection.
-        args = ", ".join(f"%s::text::{'float8[]::int8[]' if t == 'int8[]' else t}" for t in types)
+        # One statement for all rows: each column arrives as one binary array parameter
+        # (built with numpy, see _PgArray) and is unnested into rows. Integer fields travel as
+        # float8 (null where NaN) and are cast; the statement is prepared once per connection.
+        args = ", ".join(f"%b::{'float8[]::int8[]' if t == 'int8[]' else t}" for t in types)
         return f"INSERT INTO {table} ({', '.join(cols)}) SELECT * FROM unnest({args}) {conflict}"
     return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) {conflict}"
 
@@ -563,8 +572,8 @@ def _upsert_rollup(conn: Connection, table: Any, key_col: str, keys: np.ndarray,
     # Sorted keys: concurrent writers lock rollup rows in the same order (no deadlocks).
     if dialect == "postgresql":
         arrays = [keys, buckets, n, last_ts] + ([np.where(carry < 0, np.nan, carry)] if carry is not None else [])
-        params = [_array_text(a, integer=k in (0, 2, 4)) for k, a in enumerate(arrays)]
-        params += [_array_text(agg[j], integer=False) for j in range(NF)]
+        params = [_pg_array(a, integer=k in (0, 2, 4)) for k, a in enumerate(arrays)]
+        params += [_pg_array(agg[j], integer=False) for j in range(NF)]
         _execute_prepared(conn, sql, params)
         return
     cols: list[list[Any]] = [keys.tolist(), buckets.tolist(), n.tolist(), last_ts.tolist()]
@@ -582,21 +591,62 @@ def _upsert_rollup(conn: Connection, table: Any, key_col: str, keys: np.ndarray,
     conn.exec_driver_sql(sql, list(zip(*cols, strict=True)))
 
 
-def _array_text(a: np.ndarray, *, integer: bool) -> str:
-    """A PostgreSQL array literal; NaN becomes NULL. (C-level joins: no per-element dumper.)"""
+class _PgArray:
+    """A one-dimensional PostgreSQL array already in binary wire format (see _pg_array)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _Float8Array(_PgArray):
+    __slots__ = ()
+
+
+class _Int4Array(_PgArray):
+    __slots__ = ()
+
+
+class _Float8ArrayDumper(Dumper):
+    format = Format.BINARY
+    oid = 1022  # float8[]
+
+    def dump(self, obj: Any) -> bytes:
+        return obj.data  # type: ignore[no-any-return]
+
+
+class _Int4ArrayDumper(_Float8ArrayDumper):
+    oid = 1007  # int4[]
+
+
+# Global, but only for these private wrapper types: nothing else changes how it is dumped.
+psycopg.adapters.register_dumper(_Float8Array, _Float8ArrayDumper)
+psycopg.adapters.register_dumper(_Int4Array, _Int4ArrayDumper)
+_ELEM = {False: (701, ">f8", 8), True: (23, ">i4", 4)}
+
+
+def _pg_array(a: np.ndarray, *, integer: bool) -> _PgArray:
+    """``a`` as a binary array parameter; NaN becomes NULL. Built with numpy: formatting
+    every rollup value as text (repr + join) was the largest Python cost of a group commit."""
     af = a.astype(np.float64)
     nan = np.isnan(af)
-    if integer:
-        items = list(map(str, np.where(nan, 0, af).astype(np.int64).tolist()))
-        for i in np.flatnonzero(nan).tolist():
-            items[i] = "NULL"
-        body = ",".join(items)
-    else:
-        body = ",".join(map(repr, af.tolist())).replace("nan", "NULL")
-    return "{" + body + "}"
+    oid, dt, size = _ELEM[integer]
+    n = len(af)
+    rec = np.empty(n, dtype=[("l", ">i4"), ("v", dt)])
+    rec["l"] = np.where(nan, -1, size)
+    rec["v"] = np.where(nan, 0, af).astype(dt) if integer else af
+    has_null = bool(nan.any())
+    body = rec.tobytes()
+    if has_null:  # a null element is its length (-1) alone: drop its value bytes
+        keep = np.ones((n, 4 + size), dtype=bool)
+        keep[nan, 4:] = False
+        body = np.frombuffer(body, dtype=np.uint8).reshape(n, 4 + size)[keep].tobytes()
+    head = struct.pack(">iiIii", 1, int(has_null), oid, n, 1)
+    return (_Int4Array if integer else _Float8Array)(head + body)
 
 
-def _execute_prepared(conn: Connection, sql: str, params: list[str]) -> None:
+def _execute_prepared(conn: Connection, sql: str, params: list[Any]) -> None:
     """Run the long upsert as a protocol-level prepared statement (psycopg ``prepare=True``):
     planned once per connection by the server. Unlike SQL ``PREPARE`` it survives rolled
     back transactions, and the values travel as plain text parameters (no list dumping)."""

@@ -243,8 +243,33 @@ def throwaway_db(admin: str, tag: str) -> Iterator[str]:
             c.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
+def session_cpu_s(sid: int | None = None, user: str | None = None) -> float:
+    """CPU seconds (user + system) of the live processes in session ``sid`` or run by
+    ``user``, from /proc. CPU per request is the figure that survives a noisy shared box:
+    throughput ratios move with whatever else runs, CPU per request much less."""
+    import pwd
+
+    uid = pwd.getpwnam(user).pw_uid if user else None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read().rsplit(")", 1)[1].split()
+            if sid is not None and int(st[3]) != sid:
+                continue
+            if uid is not None and os.stat(f"/proc/{d}").st_uid != uid:
+                continue
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended meanwhile
+        total += int(st[11]) + int(st[12])
+    return total / tick
+
+
 @contextlib.contextmanager
-def collector(url: str, workers: int, tmp: Path) -> Iterator[int]:
+def collector(url: str, workers: int, tmp: Path) -> Iterator[tuple[int, int]]:
     port = free_port()
     env = {"GPUFLEET_DATABASE_URL": url, "GPUFLEET_ALLOW_ANONYMOUS": "true"}
     p = Proc([PY, "-m", "gpufleet.cli", "serve", "--database-url", url, "--port", str(port), "--workers",
@@ -252,7 +277,7 @@ def collector(url: str, workers: int, tmp: Path) -> Iterator[int]:
     try:
         wait_port(port)
         time.sleep(1.0 + 0.5 * workers)  # every worker has bound and started its writer
-        yield port
+        yield port, p.p.pid  # the server leads its own session (start_new_session)
     finally:
         p.stop()
 
@@ -310,16 +335,20 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
     if not tools["wrk"]:
         return None
     upgrade(url)
-    with collector(url, workers, tmp) as port:
+    with collector(url, workers, tmp) as (port, sid):
         log(f"{name}: warm-up")
         run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
                 seconds=args.warmup, threads=args.wrk_threads, placeholder=PLACEHOLDER)
         before = count_rows(url)
         log(f"{name}: measuring {args.duration:.0f} s with {args.nodes} connections")
+        cpu0, pg0 = session_cpu_s(sid), session_cpu_s(user="postgres")
         w = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
                     seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER)
         elapsed = w["duration_us"] / 1e6
         time.sleep(3.0)  # let the requests in flight when wrk stopped commit
+        # Collector and PostgreSQL CPU over the run (the latter includes any other tests'
+        # databases on a shared box: an upper bound).
+        cpu, pg_cpu = session_cpu_s(sid) - cpu0, session_cpu_s(user="postgres") - pg0
         stored = count_rows(url) - before
     ok = int(w["status"].get("200", 0))
     acked = ok * tpl.rows_per_batch
@@ -331,6 +360,7 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
     return {"name": name, "requests_ok": ok, "status": w["status"], "elapsed": elapsed,
             "rows_s": acked / elapsed, "db_rows": stored, "acked_rows": acked,
             "field_samples_s": acked * tpl.fields / elapsed, "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3,
+            "collector_cpu_ms_per_req": 1e3 * cpu / max(ok, 1), "postgres_cpu_ms_per_req": 1e3 * pg_cpu / max(ok, 1),
             "errors": {k: v for k, v in w.items() if k.startswith("errors_") and v}}
 
 
@@ -684,6 +714,9 @@ def report(r: dict[str, Any]) -> None:
             continue
         lat = (f"{x['p50_ms']:.0f} ms", f"{x['p99_ms']:.0f} ms") if "p50_ms" in x else ("-", "-")
         note = f"status {x.get('status')}" if "status" in x else ""
+        if "collector_cpu_ms_per_req" in x:
+            note += (f"; CPU per request: collector {x['collector_cpu_ms_per_req']:.2f} ms, "
+                     f"postgres <= {x['postgres_cpu_ms_per_req']:.2f} ms")
         print(f"| {x['name']} | {fmt(x['rows_s'])} | {fmt(x['field_samples_s'])} | {lat[0]} | {lat[1]} | {note} |")
     pg, vm, cp, sq = r.get("pg"), r.get("vm"), r.get("copy"), r.get("sqlite")
     if pg and vm:
