@@ -187,8 +187,7 @@ class GroupWriter:
             self.commits += 1
             self.batches += len(pending)
             self.rows += res.stored
-            for it, r in zip(pending, res.results, strict=True):
-                _resolve(it, result=r)
+            _resolve_all(pending, res.results)
             return
 
     def _ensure_partitions(self, preps: list[Prepared]) -> None:
@@ -222,3 +221,22 @@ def _resolve(it: _Item, *, result: BatchResult | None = None, exc: BaseException
         it.loop.call_soon_threadsafe(done)
     except RuntimeError:  # the loop has closed (shutdown): nobody is waiting any more
         pass
+
+
+def _resolve_all(items: list[_Item], results: list[BatchResult]) -> None:
+    """Acknowledge a committed group with one wake-up per event loop instead of one per
+    request (hundreds of requests share a commit under load)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Item, BatchResult]]] = {}
+    for it, r in zip(items, results, strict=True):
+        by_loop.setdefault(it.loop, []).append((it, r))
+
+    def done(pairs: list[tuple[_Item, BatchResult]]) -> None:
+        for it, r in pairs:
+            if not it.fut.done():
+                it.fut.set_result(r)
+
+    for loop, pairs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(done, pairs)
+        except RuntimeError:  # the loop has closed (shutdown): nobody is waiting any more
+            pass

@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
     p.add_argument("--flush-s", type=float, default=5.0, help="agent flush interval in seconds (default 5)")
     p.add_argument("--analysis-interval", type=float, default=30.0, help="seconds between analysis runs (default 30)")
+    p.add_argument("--history-minutes", type=float, default=40.0,
+                   help="simulated fleet: replay this much past history at start, so charts and flags (which "
+                        "need 15-30 min of evidence) show at once (default 40; 0 = live only)")
     p.set_defaults(func=run)
 
 
@@ -96,9 +99,27 @@ class _Background:
                 spool_dir=self.data_dir / "spool" / node,
             )
             agent = Agent(cfg, source)
-            t = threading.Thread(target=agent.run, args=(self.stop,), name=f"agent-{node}", daemon=True)
+            history = self.args.history_minutes if getattr(source, "name", "") == "simulator" else 0.0
+            t = threading.Thread(target=self._run_agent, args=(agent, history), name=f"agent-{node}", daemon=True)
             t.start()
             self.threads.append(t)
+
+    def _run_agent(self, agent: Any, history_minutes: float) -> None:
+        """Replay the simulated past through the agent's own batching and spool (its sender
+        then delivers it over HTTP like any backlog), then sample live."""
+        if history_minutes > 0:
+            agent.start()
+            t = time.time() - history_minutes * 60
+            n = 0
+            # Re-read the clock every cycle: the replay itself takes seconds, leave no gap.
+            while t < time.time() and not self.stop.is_set():
+                agent.cycle(t)
+                t += agent.config.interval_s
+                n += 1
+                if n % 60 == 0:
+                    agent.flush()
+            agent.flush()
+        agent.run(self.stop)
 
     def start_analysis(self, engine: Any) -> None:
         t = threading.Thread(target=self._analysis_loop, args=(engine,), name="analysis", daemon=True)
