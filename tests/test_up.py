@@ -61,6 +61,18 @@ def test_up_serves_fleet_and_stops_cleanly(tmp_path: Path) -> None:
         seen = _wait(lambda: (s := jobs()) >= expected and s, 60, "all simulated jobs in /api/v1/jobs")
         assert seen >= expected
 
+        # The replayed history gives the analysis enough evidence to flag the inefficient
+        # simulated jobs within the first passes, not after half an hour.
+        sick = {j.job_id for j in SimulatedFleet(nodes=16, gpus_per_node=8, seed=0).jobs if not j.profile.healthy}
+
+        def flagged() -> set[str]:
+            r = httpx.get(base + "/api/v1/flags", params={"open": "true"}, timeout=5)
+            r.raise_for_status()
+            return {f["job_id"] for f in r.json()["data"]}
+
+        got = _wait(lambda: flagged() & sick, 90, "a flag on an inefficient simulated job")
+        assert got
+
         detail = httpx.get(base + f"/api/v1/jobs/{sorted(expected)[0]}", timeout=5)
         assert detail.status_code == 200
         assert isinstance(detail.json()["flags"], list)
