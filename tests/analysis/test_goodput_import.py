@@ -62,7 +62,7 @@ def _flags_by_cluster(engine: Any) -> dict[str, dict[str, list[tuple[Any, ...]]]
 
 
 def test_imported_history_flags_equal_live(engine: Any, tmp_path: Any) -> None:
-    ndjson = pytest.importorskip("gpufleet.collector.ndjson")
+    from gpufleet.collector import ndjson
     from gpufleet.storage.writes import write_batches
 
     jobs = _jobs()
