@@ -55,7 +55,8 @@ trap cleanup EXIT
 
 free_port() { "$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-if pg_isready -q -h 127.0.0.1 -p 5432 && psql -h 127.0.0.1 -U postgres -d postgres -qAtc 'select 1' >/dev/null 2>&1; then
+# GPUFLEET_TEST_PG=throwaway forces the throwaway instance (how that path is itself tested).
+if [ "${GPUFLEET_TEST_PG:-}" != "throwaway" ] && pg_isready -q -h 127.0.0.1 -p 5432 && psql -h 127.0.0.1 -U postgres -d postgres -qAtc 'select 1' >/dev/null 2>&1; then
   export GPUFLEET_TEST_PG_URL="postgresql://postgres@127.0.0.1:5432/postgres"
   log "PostgreSQL: using the running service at 127.0.0.1:5432 (throwaway databases only)"
 else
