@@ -30,7 +30,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fleetgen import Fleet, generate
+from pgscratch import scratch_database
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -50,19 +52,9 @@ def throwaway_db(kind: str) -> Iterator[str]:
         finally:
             shutil.rmtree(d, ignore_errors=True)
         return
-    import psycopg
-    from sqlalchemy.engine import make_url
-
     admin = os.environ.get("GPUFLEET_TEST_PG_URL", DEFAULT_PG)
-    name = f"gpufleet_bench_api_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(admin).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute("select pg_terminate_backend(pid) from pg_stat_activity where datname = %s", (name,))
-            c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    with scratch_database(admin, f"gpufleet_bench_api_{uuid.uuid4().hex[:8]}") as url:
+        yield url
 
 
 @contextmanager

@@ -47,6 +47,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from pgscratch import scratch_database  # noqa: E402
 
 from gpufleet.catalog import CATALOG  # noqa: E402
 from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo  # noqa: E402
@@ -226,21 +229,8 @@ class Proc:
         self.log.close()
 
 
-@contextlib.contextmanager
-def throwaway_db(admin: str, tag: str) -> Iterator[str]:
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    name = f"gpufleet_bench_{os.getpid()}_{tag}"
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        c.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(admin).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute("select pg_terminate_backend(pid) from pg_stat_activity where datname = %s", (name,))
-            c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+def throwaway_db(admin: str, tag: str) -> contextlib.AbstractContextManager[str]:
+    return scratch_database(admin, f"gpufleet_bench_{os.getpid()}_{tag}")
 
 
 def session_cpu_s(sid: int | None = None, user: str | None = None) -> float:

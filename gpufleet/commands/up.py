@@ -172,10 +172,8 @@ def _alerts_hook() -> Any:
     """Slack alerts in embedded mode only when a webhook or rules file is configured."""
     if not (os.environ.get("GPUFLEET_SLACK_WEBHOOK_URL") or os.environ.get("GPUFLEET_ALERT_RULES")):
         return None
-    try:
-        from gpufleet.alerts.runner import evaluate_and_deliver_from_env
-    except ImportError:
-        return None
+    from gpufleet.alerts.runner import evaluate_and_deliver_from_env
+
     return evaluate_and_deliver_from_env
 
 
