@@ -99,11 +99,16 @@ def load_states(engine: Engine, job_pks: list[int]) -> tuple[dict[int, dict[str,
     with engine.connect() as c:
         for i in range(0, len(job_pks), 500):
             chunk = job_pks[i:i + 500]
+            # Groups before alerts: each SELECT may see a newer commit than the previous one
+            # (SQLite outside a transaction, PostgreSQL READ COMMITTED). Read in this order,
+            # the alert rows are never older than the group's message counter, so a racing
+            # evaluator cannot see "not firing yet" beside an already-bumped counter and send
+            # the same "firing" message again under the next sequence number.
+            for g in c.execute(select(G).where(G.c.job_pk.in_(chunk))):
+                groups[g.job_pk] = GroupState(g.state, g.notify_seq, g.last_notified_at)
             for a in c.execute(select(A).where(A.c.job_pk.in_(chunk))):
                 alerts.setdefault(a.job_pk, {})[a.kind] = AlertState(a.kind, a.state, a.suppressed_by, a.fired_at,
                                                                      a.last_notified_at)
-            for g in c.execute(select(G).where(G.c.job_pk.in_(chunk))):
-                groups[g.job_pk] = GroupState(g.state, g.notify_seq, g.last_notified_at)
     return alerts, groups
 
 

@@ -3,6 +3,7 @@ grouping, silences, inhibition, and races between two evaluators."""
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import replace
 
@@ -137,6 +138,38 @@ def test_two_evaluators_racing_write_one_message(engine) -> None:  # type: ignor
     with engine.connect() as c:
         n = c.execute(select(func.count()).select_from(AlertOutbox)).scalar()
     assert n == len(pks)
+
+
+def test_evaluator_committing_between_the_state_reads_sends_nothing_twice(engine) -> None:  # type: ignore[no-untyped-def]
+    """The interleaving behind a flaky duplicate: evaluator B reads the alert state, A commits
+    its whole run, then B reads the rest. Forced here at the first state read of B, so the
+    outcome does not depend on thread timing."""
+    from sqlalchemy import event
+
+    pks = [add_job(engine, str(700 + i), start=NOW - 4 * 3600) for i in range(3)]
+    for pk in pks:
+        add_flag(engine, pk, "idle_gpu", now=NOW)
+    b_thread = threading.get_ident()
+    fired = []
+
+    def after(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
+        s = statement.lower()
+        if fired or threading.get_ident() != b_thread or not s.lstrip().startswith("select"):
+            return
+        if re.search(r"\bfrom (alerts|alert_groups)\s+where \1\.job_pk in\b", s):  # load_states' reads
+            fired.append(s)
+            t = threading.Thread(target=evaluate, args=(engine, CFG, NOW))  # evaluator A, start to end
+            t.start()
+            t.join(60)
+
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        evaluate(engine, CFG, NOW)  # evaluator B
+    finally:
+        event.remove(engine, "after_cursor_execute", after)
+    assert fired, "the hook never ran: the state reads changed shape"
+    rows = outbox_rows(engine)
+    assert sorted(r.job_pk for r in rows) == sorted(pks)  # one message per job, not two
 
 
 def test_ended_job_resolves_quietly_and_gets_no_reminders(engine) -> None:  # type: ignore[no-untyped-def]
