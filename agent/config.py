@@ -62,6 +62,9 @@ class AgentConfig:
     backoff_max_s: float = 60.0
     retry_after_max_s: float = 300.0
     compress: str = "zstd"  # zstd | gzip | none
+    # samples as binary columns (protocol.Packed): far cheaper for the collector. Off = the
+    # list form, for a collector older than the packed form (upgrade collectors first).
+    packed: bool = True
     fsync: bool = True  # fsync spool files: survives power loss, costs one fsync per flush
     # local Prometheus endpoint (None = off)
     metrics_port: int | None = None

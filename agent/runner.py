@@ -277,7 +277,7 @@ class Agent:
     def _spool(self, ob: OpenBatch) -> None:
         batch = ob.build(sent_at=self.clock())
         compress: Any = None if self.config.compress == "none" else self.config.compress
-        body, headers = encode(batch, compress=compress)
+        body, headers = encode(batch, compress=compress, packed=self.config.packed)
         if self.spool.put(body, headers, batch.idempotency_key, batch.n_rows()) is not None:
             self.metrics.batches_spooled.inc()
 

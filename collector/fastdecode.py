@@ -13,18 +13,21 @@ import msgspec
 import numpy as np
 
 from gpufleet import protocol
-from gpufleet.protocol import Allocation, Batch, Event, GpuInfo, JobInfo
-from gpufleet.storage.writes import FIELD_INDEX, Prepared, prepare_typed
+from gpufleet.catalog import CATALOG
+from gpufleet.collector.validate import check_gpus, check_jobs
+from gpufleet.protocol import Allocation, Batch, Event, GpuInfo, JobInfo, Packed
+from gpufleet.storage.writes import FIELD_INDEX, NF, BatchRejected, Prepared, prepare_typed
 
 
 class _Batch(msgspec.Struct, forbid_unknown_fields=True):
     agent: protocol.AgentInfo
     v: int = protocol.PROTOCOL_VERSION
-    gpus: list[GpuInfo] = []
-    jobs: list[JobInfo] = []
+    gpus: msgspec.Raw = msgspec.Raw()  # decoded and checked through _DimCache; empty = absent
+    jobs: msgspec.Raw = msgspec.Raw()
     allocations: list[Allocation] = []
     samples: dict[str, msgspec.Raw] = {}
     events: list[Event] = []
+    packed: Packed | None = None
 
 
 # A msgpack array of float64 values only (what msgspec and the agent write for float
@@ -52,6 +55,40 @@ def _f64_payload(col: msgspec.Raw) -> tuple[int, memoryview] | None:
         return None
     return n, raw[head:]
 
+
+class _DimCache:
+    """Decoded and checked ``gpus`` / ``jobs`` lists by their encoded bytes: an agent sends
+    the same lists in every batch, and checking 8 GPUs' strings costs more than the rest of a
+    packed batch's decode. Bounded: cleared when full (a miss only costs the check)."""
+
+    def __init__(self, item: type, check: Any, limit: int = 50_000) -> None:
+        self.dec = {"msgpack": msgspec.msgpack.Decoder(list[item]), "json": msgspec.json.Decoder(list[item])}
+        self.check = check
+        self.limit = limit
+        self.cache: dict[tuple[str, bytes], list[Any]] = {}
+
+    def get(self, raw: msgspec.Raw, fmt: str) -> list[Any] | None:
+        """The list, or None when it does not decode or breaks a limit (the generic path then
+        names the problem)."""
+        if not raw:
+            return []
+        key = (fmt, bytes(raw))
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        try:
+            items = self.dec[fmt].decode(raw)
+            self.check(items)
+        except (msgspec.DecodeError, msgspec.ValidationError, BatchRejected):
+            return None
+        if len(self.cache) >= self.limit:
+            self.cache.clear()
+        self.cache[key] = items
+        return items  # type: ignore[no-any-return]
+
+
+_gpus = _DimCache(GpuInfo, check_gpus)
+_jobs = _DimCache(JobInfo, check_jobs)
 
 _TYPES = {"ts": list[float], "gpu": list[str], "job": list[str | None], "val": list[float | None]}
 _decoders = {
@@ -92,7 +129,9 @@ def _numpy_columns(fast: list[tuple[str, msgspec.Raw, int, memoryview]], decoded
 
 def decode_prepared(body: bytes, content_type: str | None) -> Prepared | None:
     """The batch as Prepared arrays, or None when the generic path must handle it (any
-    decode or validation problem: it then names the field and row)."""
+    decode or validation problem: it then names the field and row). A Prepared from here has
+    had its ``gpus`` and ``jobs`` lists through check_gpus / check_jobs (check_batch's
+    ``dims_checked``)."""
     ct = (content_type or protocol.MSGPACK).split(";")[0].strip().lower()
     fmt = "json" if ct == protocol.JSON else "msgpack" if ct in (
         protocol.MSGPACK, "application/x-msgpack", "application/vnd.msgpack") else None
@@ -103,6 +142,11 @@ def decode_prepared(body: bytes, content_type: str | None) -> Prepared | None:
         b = top.decode(body)
         if b.v != protocol.PROTOCOL_VERSION:
             return None
+        gpus, jobs = _gpus.get(b.gpus, fmt), _jobs.get(b.jobs, fmt)
+        if gpus is None or jobs is None:
+            return None
+        if b.packed is not None:
+            return None if b.samples else _from_packed(b, b.packed, gpus, jobs)
         s = b.samples
         if s and ("ts" not in s or "gpu" not in s):
             return None
@@ -126,6 +170,74 @@ def decode_prepared(body: bytes, content_type: str | None) -> Prepared | None:
             _numpy_columns(fast, decoded, cols)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    batch = Batch(agent=b.agent, v=b.v, gpus=b.gpus, jobs=b.jobs, allocations=b.allocations, samples={},
+    batch = Batch(agent=b.agent, v=b.v, gpus=gpus, jobs=jobs, allocations=b.allocations, samples={},
                   events=b.events)
     return prepare_typed(batch, decoded)
+
+
+_IS_INT = np.array([f.dtype == "i8" for f in CATALOG.fields])
+_LO = np.array([f.min for f in CATALOG.fields], dtype=np.float64)
+_HI = np.array([f.max for f in CATALOG.fields], dtype=np.float64)
+_FIELD_ARRAYS: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None] = {}
+
+
+def _field_arrays(fields: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """(catalog indices, min, max, any integer field) for a field list, or None when a name is
+    unknown or repeated. Agents send the same list batch after batch: cached."""
+    key = tuple(fields)
+    hit = _FIELD_ARRAYS.get(key, False)
+    if hit is not False:
+        return hit  # type: ignore[return-value]
+    idx = [FIELD_INDEX.get(f, -1) for f in fields]
+    out = None
+    if -1 not in idx and len(set(idx)) == len(idx):
+        ia = np.array(idx, dtype=np.intp)
+        out = (ia, _LO[ia][:, None], _HI[ia][:, None], bool(_IS_INT[ia].any()))
+    if len(_FIELD_ARRAYS) < 1024:
+        _FIELD_ARRAYS[key] = out
+    return out
+
+
+def _from_packed(b: _Batch, p: Packed, gpus_info: list[GpuInfo], jobs_info: list[JobInfo]) -> Prepared | None:
+    """Binary columns -> Prepared with a handful of numpy calls whatever the row count. Any
+    structural or value problem returns None: the generic path then names it."""
+    n = p.n
+    k = len(p.fields)
+    if n <= 0 or len(p.ts) != 8 * n or len(p.gpu) != 2 * n or len(p.values) != 8 * n * k \
+            or (p.job and len(p.job) != 4 * n):
+        return None
+    fa = _field_arrays(p.fields) if k else (np.empty(0, np.intp), None, None, False)
+    if fa is None:
+        return None
+    ts = np.frombuffer(p.ts, dtype="<f8")
+    if not np.isfinite(ts).all():
+        return None
+    gi = np.frombuffer(p.gpu, dtype="<u2")
+    if int(gi.max()) >= len(p.gpus):
+        return None
+    vals = np.full((NF, n), np.nan)
+    if k:
+        idx, lo, hi, has_int = fa
+        mat = np.frombuffer(p.values, dtype="<f8").reshape(k, n)
+        # NaN compares False both ways, so it passes the range test: it is "not available".
+        # (Comparisons and floor never warn on NaN: no errstate needed, which costs more.)
+        if ((mat < lo) | (mat > hi)).any() or np.isinf(mat).any():
+            return None
+        if has_int:
+            m = mat[_IS_INT[idx]]
+            if ((m != np.floor(m)) & ~np.isnan(m)).any():
+                return None
+        vals[idx] = mat
+    gpus = p.gpus
+    gpu = [gpus[i] for i in gi.tolist()]
+    if p.job:
+        ji = np.frombuffer(p.job, dtype="<i4")
+        if int(ji.min()) < -1 or int(ji.max()) >= len(p.jobs):
+            return None
+        table: list[str | None] = [*p.jobs, None]  # index -1 picks the None at the end
+        job = [table[i] for i in ji.tolist()]
+    else:
+        job = [None] * n
+    batch = Batch(agent=b.agent, v=b.v, gpus=gpus_info, jobs=jobs_info, allocations=b.allocations, samples={},
+                  events=b.events)
+    return Prepared(batch, ts, gpu, job, vals, tuple(p.fields))

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.protocol import Batch
+from gpufleet.protocol import Batch, GpuInfo, JobInfo
 from gpufleet.storage.writes import BatchRejected, Prepared
 
 INT32 = 2**31 - 1
@@ -55,8 +55,9 @@ def _ts(where: str, v: float | None, lo: float, hi: float) -> None:
 
 
 def check_batch(batch: Batch, prep: Prepared, now: float, *, max_rows: int, max_age_s: float | None,
-                max_future_s: float) -> None:
-    """Raise BatchRejected (413 for size, 422 otherwise) when ``batch`` breaks a limit."""
+                max_future_s: float, dims_checked: bool = False) -> None:
+    """Raise BatchRejected (413 for size, 422 otherwise) when ``batch`` breaks a limit.
+    ``dims_checked``: the caller already ran check_gpus and check_jobs on these lists."""
     a = batch.agent
     if prep.n > max_rows:
         raise BatchRejected(f"samples: {prep.n} rows, at most {max_rows} per batch", 413)
@@ -74,32 +75,11 @@ def check_batch(batch: Batch, prep: Prepared, now: float, *, max_rows: int, max_
     _str("agent.version", a.version, 64)
     if not math.isfinite(a.sent_at):
         raise BatchRejected("agent.sent_at: not a finite number")
-    listed: set[str] = set()
-    for i, g in enumerate(batch.gpus):
-        _int(f"gpus[{i}].index", g.index, 0, 65535)
-        _str(f"gpus[{i}].uuid", g.uuid, 96, required=True)
-        _str(f"gpus[{i}].model", g.model, 128)
-        _str(f"gpus[{i}].mig_profile", g.mig_profile, 64)
-        _str(f"gpus[{i}].parent_uuid", g.parent_uuid, 96)
-        m = g.memory_total_bytes
-        if m is not None and not (math.isfinite(m) and 0 <= m <= 1e15):
-            raise BatchRejected(f"gpus[{i}].memory_total_bytes: {m!r} outside [0, 1e15]")
-        if g.uuid in listed:
-            raise BatchRejected(f"gpus[{i}].uuid: {g.uuid!r} listed twice")
-        listed.add(g.uuid)
+    if not dims_checked:
+        check_gpus(batch.gpus)
+        check_jobs(batch.jobs)
     for i, j in enumerate(batch.jobs):
-        w = f"jobs[{i}]"
-        _str(f"{w}.job_id", j.job_id, 255, required=True)
-        for k, lim in (("user", 255), ("name", 512), ("account", 255), ("partition", 255), ("namespace", 255)):
-            _str(f"{w}.{k}", getattr(j, k), lim)
-        _int(f"{w}.num_nodes", j.num_nodes, 0, INT32)
-        _int(f"{w}.ntasks", j.ntasks, 0, INT32)
-        _ts(f"{w}.start_ts", j.start_ts, 946684800.0, hi)
-        if len(j.labels) > MAX_LABELS:
-            raise BatchRejected(f"{w}.labels: {len(j.labels)} labels, at most {MAX_LABELS}")
-        for k, v in j.labels.items():
-            _str(f"{w}.labels key", k, 128, required=True)
-            _str(f"{w}.labels[{k!r}]", v, 1024)
+        _ts(f"jobs[{i}].start_ts", j.start_ts, 946684800.0, hi)
     for i, al in enumerate(batch.allocations):
         _str(f"allocations[{i}].gpu_uuid", al.gpu_uuid, 96, required=True)
         _str(f"allocations[{i}].job_id", al.job_id, 255, required=True)
@@ -113,6 +93,41 @@ def check_batch(batch: Batch, prep: Prepared, now: float, *, max_rows: int, max_
         _check_ts(prep.ts, lo, hi)
         _check_strings("samples.gpu", prep.gpu, 96, required=True)
         _check_strings("samples.job", prep.job, 255, required=False)
+
+
+def check_gpus(gpus: list[GpuInfo]) -> None:
+    """The ``gpus`` list's limits. Depends on nothing but the list itself, so a caller may
+    remember that an identical list passed (an agent sends the same one every batch)."""
+    listed: set[str] = set()
+    for i, g in enumerate(gpus):
+        _int(f"gpus[{i}].index", g.index, 0, 65535)
+        _str(f"gpus[{i}].uuid", g.uuid, 96, required=True)
+        _str(f"gpus[{i}].model", g.model, 128)
+        _str(f"gpus[{i}].mig_profile", g.mig_profile, 64)
+        _str(f"gpus[{i}].parent_uuid", g.parent_uuid, 96)
+        m = g.memory_total_bytes
+        if m is not None and not (math.isfinite(m) and 0 <= m <= 1e15):
+            raise BatchRejected(f"gpus[{i}].memory_total_bytes: {m!r} outside [0, 1e15]")
+        if g.uuid in listed:
+            raise BatchRejected(f"gpus[{i}].uuid: {g.uuid!r} listed twice")
+        listed.add(g.uuid)
+
+
+def check_jobs(jobs: list[JobInfo]) -> None:
+    """The ``jobs`` list's limits except start_ts (which depends on the clock): like
+    check_gpus, a function of the list alone."""
+    for i, j in enumerate(jobs):
+        w = f"jobs[{i}]"
+        _str(f"{w}.job_id", j.job_id, 255, required=True)
+        for k, lim in (("user", 255), ("name", 512), ("account", 255), ("partition", 255), ("namespace", 255)):
+            _str(f"{w}.{k}", getattr(j, k), lim)
+        _int(f"{w}.num_nodes", j.num_nodes, 0, INT32)
+        _int(f"{w}.ntasks", j.ntasks, 0, INT32)
+        if len(j.labels) > MAX_LABELS:
+            raise BatchRejected(f"{w}.labels: {len(j.labels)} labels, at most {MAX_LABELS}")
+        for k, v in j.labels.items():
+            _str(f"{w}.labels key", k, 128, required=True)
+            _str(f"{w}.labels[{k!r}]", v, 1024)
 
 
 def _check_ts(ts: np.ndarray, lo: float, hi: float) -> None:

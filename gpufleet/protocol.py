@@ -11,7 +11,10 @@ This module needs only msgspec, so the agent installs without the server's packa
 from __future__ import annotations
 
 import gzip
-from typing import Literal
+import math
+import sys
+from array import array
+from typing import Any, Literal
 
 import msgspec
 
@@ -66,9 +69,25 @@ class Event(msgspec.Struct, forbid_unknown_fields=True):
     message: str = ""
 
 
-class Batch(msgspec.Struct, forbid_unknown_fields=True):
+class Packed(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The samples as binary columns, what agents send by default (docs/protocol.md): the
+    collector turns them into arrays without a Python object per value, which is most of what
+    an 80-row batch of 30 fields costs it otherwise. All numbers are little-endian."""
+
+    n: int  # rows
+    ts: bytes  # n float64
+    gpus: list[str]  # the distinct GPU uuids of the rows
+    gpu: bytes  # n uint16: the row's GPU, an index into ``gpus``
+    fields: list[str] = []  # catalog field names, one block of ``values`` each
+    values: bytes = b""  # len(fields) blocks of n float64, field after field; NaN = not available
+    jobs: list[str] = []  # the distinct job ids of the rows
+    job: bytes = b""  # n int32 indices into ``jobs``, -1 = no job; empty = no row has a job
+
+
+class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One flush of one agent. ``samples`` is columnar: "ts", "gpu" (uuid), "job" (id or
-    None) and one column per catalog field present; every column has the same length."""
+    None) and one column per catalog field present; every column has the same length.
+    ``packed`` carries the same columns in binary form instead (never both)."""
 
     agent: AgentInfo
     v: int = PROTOCOL_VERSION
@@ -77,14 +96,100 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
     allocations: list[Allocation] = []
     samples: dict[str, list[float | int | str | None]] = {}
     events: list[Event] = []
+    packed: Packed | None = None
 
     @property
     def idempotency_key(self) -> str:
         return f"{self.agent.boot_id}:{self.agent.seq}"
 
     def n_rows(self) -> int:
+        if self.packed is not None:
+            return self.packed.n
         ts = self.samples.get("ts")
         return len(ts) if ts is not None else 0
+
+
+_LITTLE = sys.byteorder == "little"
+
+
+def _le(a: array) -> bytes:  # type: ignore[type-arg]
+    if not _LITTLE:
+        a.byteswap()
+    return a.tobytes()
+
+
+def _from_le(code: str, data: bytes) -> list[Any]:
+    a = array(code)
+    a.frombytes(data)
+    if not _LITTLE:
+        a.byteswap()
+    return a.tolist()
+
+
+def pack_samples(samples: dict[str, list[Any]]) -> Packed:
+    """Columnar ``samples`` (as ``Batch.samples``) -> ``Packed``. Uses only the standard
+    library: the agent installs without numpy. None becomes NaN (not available)."""
+    ts = samples["ts"]
+    n = len(ts)
+    gpu_col = samples["gpu"]
+    gpus = list(dict.fromkeys(gpu_col))
+    if len(gpus) > 65535:
+        raise ValueError("more than 65535 distinct GPUs in one batch")
+    gidx = {u: i for i, u in enumerate(gpus)}
+    job_col = samples.get("job")
+    jobs: list[str] = []
+    job = b""
+    if job_col is not None and any(j is not None for j in job_col):
+        jobs = [j for j in dict.fromkeys(job_col) if j is not None]
+        jidx: dict[str | None, int] = {j: i for i, j in enumerate(jobs)}
+        jidx[None] = -1
+        job = _le(array("i", map(jidx.__getitem__, job_col)))
+    fields = [k for k in samples if k not in ("ts", "gpu", "job")]
+    vals = array("d")
+    nan = math.nan
+    for f in fields:
+        vals.extend(nan if v is None else v for v in samples[f])
+    return Packed(n=n, ts=_le(array("d", ts)), gpus=gpus, gpu=_le(array("H", map(gidx.__getitem__, gpu_col))),
+                  fields=fields, values=_le(vals), jobs=jobs, job=job)
+
+
+def unpack_samples(p: Packed) -> dict[str, list[Any]]:
+    """``Packed`` -> columnar samples (NaN -> None), checking its structure; ProtocolError names
+    the part that is wrong. The values themselves are checked by the collector like any
+    other samples."""
+    n = p.n
+    if n < 0:
+        raise ProtocolError(f"packed.n: {n} must not be negative")
+    for name, data, size in (("ts", p.ts, 8), ("gpu", p.gpu, 2)):
+        if len(data) != size * n:
+            raise ProtocolError(f"packed.{name}: {len(data)} bytes, expected {size} x n = {size * n}")
+    if p.job and len(p.job) != 4 * n:
+        raise ProtocolError(f"packed.job: {len(p.job)} bytes, expected 4 x n = {4 * n} (or none)")
+    if len(p.values) != 8 * n * len(p.fields):
+        raise ProtocolError(f"packed.values: {len(p.values)} bytes, expected 8 x n x len(fields) = "
+                            f"{8 * n * len(p.fields)}")
+    seen: set[str] = set()
+    for f in p.fields:
+        if f in ("ts", "gpu", "job") or f in seen:
+            raise ProtocolError(f"packed.fields: {f!r} {'listed twice' if f in seen else 'is not a field name'}")
+        seen.add(f)
+    gi = _from_le("H", p.gpu)
+    for r, i in enumerate(gi):
+        if i >= len(p.gpus):
+            raise ProtocolError(f"packed.gpu[{r}]: index {i}, but packed.gpus has {len(p.gpus)} entries")
+    out: dict[str, list[Any]] = {"ts": _from_le("d", p.ts), "gpu": [p.gpus[i] for i in gi]}
+    if p.job:
+        ji = _from_le("i", p.job)
+        for r, i in enumerate(ji):
+            if not -1 <= i < len(p.jobs):
+                raise ProtocolError(f"packed.job[{r}]: index {i}, expected -1 (none) or below {len(p.jobs)}")
+        out["job"] = [None if i < 0 else p.jobs[i] for i in ji]
+    else:
+        out["job"] = [None] * n
+    vals = _from_le("d", p.values)
+    for k, f in enumerate(p.fields):
+        out[f] = [None if v != v else v for v in vals[k * n:(k + 1) * n]]  # NaN -> not available
+    return out
 
 
 _msgpack_enc = msgspec.msgpack.Encoder()
@@ -92,8 +197,12 @@ _msgpack_dec = msgspec.msgpack.Decoder(Batch)
 _json_dec = msgspec.json.Decoder(Batch)
 
 
-def encode(batch: Batch, *, compress: Literal["zstd", "gzip", None] = "zstd") -> tuple[bytes, dict[str, str]]:
-    """Serialise a batch to msgpack, compressed; returns the body and its HTTP headers."""
+def encode(batch: Batch, *, compress: Literal["zstd", "gzip", None] = "zstd",
+           packed: bool = True) -> tuple[bytes, dict[str, str]]:
+    """Serialise a batch to msgpack, compressed; returns the body and its HTTP headers. With
+    ``packed`` (the default) columnar ``samples`` travel as ``Packed`` binary columns."""
+    if packed and batch.samples and batch.packed is None:
+        batch = msgspec.structs.replace(batch, samples={}, packed=pack_samples(batch.samples))
     body = _msgpack_enc.encode(batch)
     headers = {"Content-Type": MSGPACK}
     if compress == "zstd":
@@ -160,4 +269,8 @@ def decode(body: bytes, content_type: str | None) -> Batch:
         raise ProtocolError(f"malformed body: {e}") from None
     if batch.v != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {batch.v} not supported (this collector speaks {PROTOCOL_VERSION})")
+    if batch.packed is not None:
+        if batch.samples:
+            raise ProtocolError("a batch carries its rows in samples or in packed, not both")
+        batch = msgspec.structs.replace(batch, samples=unpack_samples(batch.packed), packed=None)
     return batch

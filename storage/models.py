@@ -130,7 +130,7 @@ gpu_samples = Table(
     Column("gpu_pk", Integer, nullable=False),
     Column("job_pk", Integer, nullable=True),
     *sample_columns(),
-    Index("ix_gpu_samples_gpu_ts", "gpu_pk", "ts"),
+    # No (gpu_pk, ts) index: nothing reads raw rows by GPU (migration 0005 says why).
     Index("ix_gpu_samples_job_ts", "job_pk", "ts"),
     # PostgreSQL: daily range partitions on ts (storage/partitions.py creates them ahead and
     # drops them for retention); SQLite ignores this.

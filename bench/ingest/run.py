@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from pgscratch import scratch_database  # noqa: E402
 
 from gpufleet.catalog import CATALOG  # noqa: E402
-from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo  # noqa: E402
+from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo, encode  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LUA = HERE / "post_bodies.lua"
@@ -161,18 +161,21 @@ class Templates:
                 agent=AgentInfo(boot_id=PLACEHOLDER, seq=0, node=node, version="bench"),
                 gpus=[GpuInfo(index=g, uuid=gpu_uuid(node, g), model="NVIDIA H100 80GB HBM3")
                       for g in range(GPUS_PER_NODE)],
-                jobs=[JobInfo(job_id=job, source="simulator", user=f"user{i % 50}")],
+                # One user per job, as every node of a real job reports it (a different user
+                # per node made every group commit rewrite the job row).
+                jobs=[JobInfo(job_id=job, source="simulator", user=f"user{(i // 8) % 50}")],
                 samples=samples,
             ))
         self.rows_per_batch = GPUS_PER_NODE * SECONDS_PER_BATCH
         self.fields = len(NAMES)
 
-    def write_protocol(self, path: Path) -> int:
-        enc = msgspec.msgpack.Encoder()
+    def write_protocol(self, path: Path, packed: bool = True) -> int:
+        """The bodies as the agent sends them (packed binary columns unless ``packed`` is
+        False), uncompressed like the Prometheus text bodies."""
         size = 0
         with path.open("wb") as f:
             for b in self.batches:
-                body = enc.encode(b)
+                body, _ = encode(b, compress=None, packed=packed)
                 assert body.count(PLACEHOLDER.encode()) == 1
                 f.write(b"%010d" % len(body) + body)
                 size += len(body)
@@ -386,10 +389,11 @@ def raw_copy(url: str, tpl: Templates, seconds: float) -> dict[str, Any]:
     async def main() -> tuple[int, float]:
         dsn = asyncpg_dsn(url)
         c0 = await asyncpg.connect(dsn)
-        await c0.execute("CREATE TABLE bench_copy (LIKE gpu_samples INCLUDING DEFAULTS)")
-        await c0.execute("CREATE INDEX ON bench_copy (gpu_pk, ts)")
-        await c0.execute("CREATE INDEX ON bench_copy (job_pk, ts)")
-        await c0.execute("CREATE INDEX ON bench_copy USING brin (ts)")
+        # The same columns and the same indexes as gpu_samples, whatever the migrations made
+        # them (a plain table: the partition a row lands in is such a table).
+        await c0.execute("CREATE TABLE bench_copy (LIKE gpu_samples INCLUDING DEFAULTS INCLUDING INDEXES)")
+        idx = await c0.fetch("SELECT indexdef FROM pg_indexes WHERE tablename = 'bench_copy'")
+        log(f"raw COPY reference indexes: {[r['indexdef'].split(' USING ', 1)[1] for r in idx]}")
         await c0.close()
         chunk = 8000
         done = [0]

@@ -1,0 +1,251 @@
+"""The packed (binary columns) form of a batch's samples: same rows stored as the list form,
+structural and value errors named, hostile packed bodies never 5xx and never a partial write,
+and the fast decoder accepting exactly what the generic path accepts."""
+
+from __future__ import annotations
+
+import math
+import struct
+import time
+from typing import Any
+
+import httpx
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
+from gpufleet import protocol
+from gpufleet.collector.fastdecode import decode_prepared
+from gpufleet.storage.db import make_engine
+from gpufleet.storage.writes import BatchRejected, prepare
+
+from .conftest import make_batch
+
+SETTINGS = settings(max_examples=80, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _with_nulls(b: protocol.Batch) -> protocol.Batch:
+    """Some null cells, a row without a job: what the packed form must carry faithfully."""
+    s = {k: list(v) for k, v in b.samples.items()}
+    s["sm_active"][1] = None
+    s["power_w"][0] = None
+    s["job"][2] = None
+    return msgspec.structs.replace(b, samples=s)
+
+
+def test_pack_unpack_round_trip() -> None:
+    b = _with_nulls(make_batch("p1", gpus=3, seconds=5))
+    p = protocol.pack_samples(b.samples)
+    assert p.n == 15 and len(p.gpus) == 3 and p.jobs == ["job-1"]
+    back = protocol.unpack_samples(p)
+    assert back.keys() == b.samples.keys()
+    for k, col in b.samples.items():
+        assert back[k] == [float(v) if isinstance(v, int) else v for v in col], k
+
+
+def test_encode_sends_packed_and_decode_restores_lists() -> None:
+    b = make_batch("p1", gpus=2, seconds=3)
+    body, _ = protocol.encode(b, compress=None)
+    raw = msgspec.msgpack.decode(body)
+    assert "packed" in raw and not raw.get("samples")
+    assert protocol.decode(body, protocol.MSGPACK).samples["gpu"] == b.samples["gpu"]
+    lists, _ = protocol.encode(b, compress=None, packed=False)
+    assert "packed" not in msgspec.msgpack.decode(lists)
+    assert len(body) < len(lists)
+
+
+def test_fast_and_generic_paths_give_the_same_arrays() -> None:
+    b = _with_nulls(make_batch("p1", gpus=4, seconds=10))
+    body, _ = protocol.encode(b, compress=None)
+    fast = decode_prepared(body, protocol.MSGPACK)
+    slow = prepare(protocol.decode(body, protocol.MSGPACK))
+    lists = prepare(b)
+    assert fast is not None
+    for other in (slow, lists):
+        assert np.array_equal(fast.ts, other.ts)
+        assert np.array_equal(fast.vals, other.vals, equal_nan=True)
+        assert fast.gpu == other.gpu and fast.job == other.job and fast.key == other.key
+
+
+def _doc(b: protocol.Batch) -> dict[str, Any]:
+    return msgspec.to_builtins(msgspec.structs.replace(b, samples={}, packed=protocol.pack_samples(b.samples)),
+                               builtin_types=(bytes,))  # type: ignore[no-any-return]
+
+
+def _post(url: str, doc: dict[str, Any]) -> httpx.Response:
+    return httpx.post(url + "/api/v1/ingest", content=msgspec.msgpack.encode(doc),
+                      headers={"Content-Type": protocol.MSGPACK}, timeout=30)
+
+
+@pytest.fixture
+def server(database_url, live_server):  # type: ignore[no-untyped-def]
+    srv = live_server(database_url)
+    e = make_engine(database_url)
+    yield srv, e
+    e.dispose()
+
+
+def _rows(engine: Any, node: str) -> list[tuple[Any, ...]]:
+    with engine.connect() as c:
+        return [tuple(r) for r in c.execute(text(
+            "select s.ts, g.\"index\", j.job_id, s.sm_active, s.power_w, s.xid_last, s.energy_j from gpu_samples s "
+            "join gpus g on g.id = s.gpu_pk join nodes n on n.id = g.node_id left join jobs j on j.id = s.job_pk "
+            "where n.name = :n order by s.ts, g.\"index\""), {"n": node})]
+
+
+def test_packed_and_list_forms_store_the_same_rows(server) -> None:  # type: ignore[no-untyped-def]
+    srv, engine = server
+    start = time.time() - 60
+    packed = _with_nulls(make_batch("pk-a", start=start, seed=3))
+    lists = _with_nulls(make_batch("pk-b", start=start, seed=3))
+    body, headers = protocol.encode(packed, compress="zstd")
+    r1 = httpx.post(srv.url + "/api/v1/ingest", content=body, headers=headers, timeout=30)
+    body, headers = protocol.encode(lists, compress="zstd", packed=False)
+    r2 = httpx.post(srv.url + "/api/v1/ingest", content=body, headers=headers, timeout=30)
+    assert r1.status_code == r2.status_code == 200, (r1.text, r2.text)
+    assert r1.json()["stored"] == r2.json()["stored"] == 80
+    a, b = _rows(engine, "pk-a"), _rows(engine, "pk-b")
+    assert len(a) == 80 and a == b
+    assert any(row[3] is None for row in a) and any(row[2] is None for row in a)
+
+
+@pytest.mark.parametrize(("mutate", "status", "words"), [
+    (lambda d: d["packed"].update(ts=d["packed"]["ts"][:-8]), 400, "packed.ts"),
+    (lambda d: d["packed"].update(gpu=struct.pack("<H", 9) + d["packed"]["gpu"][2:]), 400, "packed.gpu[0]"),
+    (lambda d: d["packed"].update(job=struct.pack("<i", 5) + d["packed"]["job"][4:]), 400, "packed.job[0]"),
+    (lambda d: d["packed"].update(fields=d["packed"]["fields"][:1] * 2, values=d["packed"]["values"][:2 * 8 * 80]),
+     400, "listed twice"),
+    (lambda d: d["packed"].update(values=d["packed"]["values"][:-1]), 400, "packed.values"),
+    (lambda d: d.update(samples={"ts": [1.0]}), 400, "not both"),
+])
+def test_structural_errors_are_named_and_store_nothing(server, mutate, status, words) -> None:  # type: ignore[no-untyped-def]
+    srv, engine = server
+    doc = _doc(make_batch("pk-bad", start=time.time() - 60))
+    mutate(doc)
+    r = _post(srv.url, doc)
+    assert r.status_code == status and words in r.json()["detail"], r.text
+    assert _rows(engine, "pk-bad") == []
+
+
+def test_value_out_of_range_names_field_and_row(server) -> None:  # type: ignore[no-untyped-def]
+    srv, engine = server
+    b = make_batch("pk-range", start=time.time() - 60)
+    s = {k: list(v) for k, v in b.samples.items()}
+    s["sm_active"][3] = 1.5
+    r = _post(srv.url, _doc(msgspec.structs.replace(b, samples=s)))
+    assert r.status_code == 422 and "samples.sm_active[3]" in r.json()["detail"], r.text
+    s["sm_active"][3] = math.inf
+    r = _post(srv.url, _doc(msgspec.structs.replace(b, samples=s)))
+    assert r.status_code == 422 and "sm_active[3]" in r.json()["detail"], r.text
+    assert _rows(engine, "pk-range") == []
+
+
+# --- hostile packed bodies ----------------------------------------------------------------
+
+_PART = st.sampled_from(["n", "ts", "gpus", "gpu", "fields", "values", "jobs", "job"])
+_hostile = st.one_of(
+    st.none(), st.integers(-(2**63), 2**64 - 1), st.binary(max_size=64), st.text(max_size=20),
+    st.lists(st.text(max_size=100), max_size=4), st.lists(st.integers(-3, 3), max_size=3),
+    st.sampled_from([b"\x00" * 8 * 80, b"\xff" * 2 * 80, b"\x7f\xf0" + b"\x00" * 6, ["sm_active", "sm_active"],
+                     ["ts"], ["nope"], [], 0, -1, 10**9, "GPU-" + "x" * 200, ["\x00"], ["\ud800"]]),
+)
+
+
+def _float_bytes(data: Any) -> bytes:
+    return struct.pack("<d", data) if isinstance(data, float) else b""
+
+
+@SETTINGS
+@given(part=_PART, value=_hostile, row=st.integers(0, 79), special=st.sampled_from(
+    [math.nan, math.inf, -1.0, 1e300, 0.5, -0.0]))
+def test_hostile_packed_never_5xx_never_partial(server, part, value, row, special) -> None:  # type: ignore[no-untyped-def]
+    srv, engine = server
+    doc = _doc(make_batch("pk-h", seq=row, start=time.time() - 60, gpus=8, seconds=10))
+    if isinstance(value, bytes) and part in ("values", "ts") and len(value) == 0:
+        # a special float at one row of a column instead of an empty column
+        key = "values" if part == "values" else "ts"
+        buf = bytearray(doc["packed"][key])
+        buf[row * 8:row * 8 + 8] = _float_bytes(special)
+        value = bytes(buf)
+    doc["packed"][part] = value
+    try:
+        body = msgspec.msgpack.encode(doc)
+    except (UnicodeEncodeError, OverflowError):
+        return  # not representable in msgpack (a lone surrogate): nothing to send
+    with engine.connect() as c:
+        before = c.execute(text("select count(*) from gpu_samples")).scalar_one()
+    r = httpx.post(srv.url + "/api/v1/ingest", content=body, headers={"Content-Type": protocol.MSGPACK}, timeout=30)
+    assert r.status_code < 500, (part, value, r.text)
+    with engine.connect() as c:
+        after = c.execute(text("select count(*) from gpu_samples")).scalar_one()
+    if r.status_code == 200:
+        assert after == before + r.json()["stored"]
+    else:
+        assert r.json()["detail"] and after == before, (part, value, r.text)
+
+    # The fast decoder accepts only what the generic path accepts, with the same arrays.
+    fast = decode_prepared(body, protocol.MSGPACK)
+    if fast is None:
+        return
+    try:
+        slow = prepare(protocol.decode(body, protocol.MSGPACK))
+    except (protocol.ProtocolError, BatchRejected) as e:
+        raise AssertionError(f"fast path accepted what the generic path rejects: {e}") from None
+    assert np.array_equal(fast.ts, slow.ts) and np.array_equal(fast.vals, slow.vals, equal_nan=True)
+    assert fast.gpu == slow.gpu and fast.job == slow.job
+
+
+# --- the fast path's cached gpus/jobs checks reject exactly what check_batch rejects ------
+
+_DIM_PATHS = [("gpus", 0, "uuid"), ("gpus", 0, "model"), ("gpus", 0, "index"), ("gpus", 0, "mig_profile"),
+              ("gpus", 0, "parent_uuid"), ("gpus", 0, "memory_total_bytes"), ("gpus", 1, "uuid"),
+              ("jobs", 0, "job_id"), ("jobs", 0, "user"), ("jobs", 0, "name"), ("jobs", 0, "num_nodes"),
+              ("jobs", 0, "ntasks"), ("jobs", 0, "start_ts"), ("jobs", 0, "labels"), ("gpus",), ("jobs",)]
+_dim_values = st.one_of(
+    st.none(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20), st.text(min_size=90, max_size=600),
+    st.sampled_from(["\x00", "a\x00b", "", " ", "GPU-" + "x" * 93, "GPU-" + "x" * 92, 4.1e9, 65535, 65536, -1,
+                     {"k": "v"}, {"": "v"}, {"k": "x" * 1025}, {f"k{i}": "v" for i in range(65)}, 1e15, 1e16]),
+)
+
+
+@SETTINGS
+@given(path=st.sampled_from(_DIM_PATHS), value=_dim_values, packed=st.booleans(), again=st.booleans())
+def test_fast_path_checks_accept_exactly_what_check_batch_accepts(path, value, packed, again) -> None:
+    from gpufleet.collector.validate import check_batch
+
+    now = time.time()
+    b = make_batch("pk-dims", start=now - 60, gpus=2, seconds=2)
+    doc = _doc(b) if packed else msgspec.to_builtins(b)
+    target = doc
+    for p in path[:-1]:
+        target = target[p]
+    target[path[-1]] = value
+    try:
+        body = msgspec.msgpack.encode(doc)
+    except (UnicodeEncodeError, OverflowError, TypeError):
+        return
+
+    def verdict(fast: bool) -> str:
+        try:
+            if fast:
+                prep = decode_prepared(body, protocol.MSGPACK)
+                if prep is None:
+                    return "generic"
+            else:
+                prep = prepare(protocol.decode(body, protocol.MSGPACK))
+            check_batch(prep.batch, prep, now, max_rows=20_000, max_age_s=30 * 86400, max_future_s=300,
+                        dims_checked=fast)
+            return "ok"
+        except (protocol.ProtocolError, BatchRejected):
+            return "rejected"
+
+    generic = verdict(False)
+    fast = verdict(True)
+    if again:  # the second time the lists come from the cache
+        fast = verdict(True)
+    assert fast in ("generic", generic), (path, value, fast, generic)
