@@ -2,9 +2,12 @@
 and ``POST /api/v1/import`` (NDJSON files), plus ``lifespan(app)`` running this process's
 group-commit writer and maintenance loop.
 
-The ingest handler is a plain Starlette endpoint, not a FastAPI one with dependency
-injection: it is the hot path (thousands of requests per second per process) and reads a
-raw body anyway. Its contract is in docs/collector.md and docs/architecture.md."""
+The ingest logic is ``handle_ingest``, independent of the HTTP framework: it is the hot path
+(thousands of requests per second per process), so server processes reach it through the
+pure-ASGI ``collector.front.IngestFront`` (no Starlette request cycle); the Starlette endpoint
+``ingest`` is a thin wrapper over the same core, mounted on the app for TestClient users and
+anything served without the front. Its contract is in docs/collector.md and
+docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -15,13 +18,13 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import msgspec
 from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gpufleet import protocol
@@ -38,15 +41,37 @@ _json = msgspec.json.Encoder()
 _AUTH_TTL_S = 5.0
 
 
-def _reply(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
-    return Response(_json.encode(body), status, headers=headers, media_type="application/json")
+# (status, JSON body, extra raw headers): what the ingest core answers, so that both the
+# Starlette endpoint and the pure-ASGI front can send it without sharing a Response class.
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
+# Called once, after auth: yields the request body's chunks; raises ClientDisconnect when
+# the client goes away mid-body (Starlette's Request.stream contract, kept by the front).
+BodyReader = Callable[[], AsyncIterator[bytes]]
+
+
+def _answer(status: int, detail: str, retry_after: int | None = None) -> Answer:
+    extra: list[tuple[bytes, bytes]] = []
+    if retry_after is not None:
+        extra.append((b"retry-after", str(retry_after).encode("latin-1")))
+    if status == 401:
+        extra.append((b"www-authenticate", b"Bearer"))
+    return status, _json.encode({"detail": detail}), extra
+
+
+def _to_response(answer: Answer) -> Response:
+    status, body, extra = answer
+    resp = Response(body, status, media_type="application/json")
+    # raw_headers, not the headers= mapping: the names are already lower-case bytes.
+    resp.raw_headers.extend(extra)
+    return resp
+
+
+def _reply(status: int, body: dict[str, Any]) -> Response:
+    return Response(_json.encode(body), status, media_type="application/json")
 
 
 def _error(status: int, detail: str, retry_after: int | None = None) -> Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    if status == 401:
-        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-    return _reply(status, {"detail": detail}, headers)
+    return _to_response(_answer(status, detail, retry_after))
 
 
 class Collector:
@@ -112,27 +137,34 @@ class Collector:
             self._stop.wait(self.config.maintenance_s)
 
 
-def _collector(request: Request) -> Collector:
-    coll: Collector | None = getattr(request.app.state, "collector", None)
-    if coll is None:  # app used without its lifespan (e.g. a bare TestClient)
-        coll = request.app.state.collector = Collector(request.app)
+def collector_for(app: FastAPI) -> Collector:
+    """This process's Collector, created on first use when the app's lifespan did not run
+    (e.g. a bare TestClient): the endpoint and the front must find the same one."""
+    coll: Collector | None = getattr(app.state, "collector", None)
+    if coll is None:
+        coll = app.state.collector = Collector(app)
         coll.start()
     return coll
 
 
-async def _read_body(request: Request, limit: int, cl: str | None) -> bytes | Response:
+def _collector(request: Request) -> Collector:
+    return collector_for(request.app)
+
+
+async def _read_body(read_body: BodyReader, limit: int, cl: str | None) -> bytes | Answer:
     if cl is not None:
         try:
             if int(cl) > limit:
-                return _error(413, f"body of {cl} bytes exceeds the limit of {limit}")
+                return _answer(413, f"body of {cl} bytes exceeds the limit of {limit}")
         except ValueError:
-            return _error(400, "invalid Content-Length")
+            return _answer(400, "invalid Content-Length")
     chunks = []
     size = 0
-    async for chunk in request.stream():
+    # Chunked bodies have no Content-Length: the limit is enforced while streaming too.
+    async for chunk in read_body():
         size += len(chunk)
         if size > limit:
-            return _error(413, f"body exceeds the limit of {limit} bytes")
+            return _answer(413, f"body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -140,22 +172,39 @@ async def _read_body(request: Request, limit: int, cl: str | None) -> bytes | Re
 _WANTED = {b"authorization", b"content-encoding", b"content-type", b"content-length"}
 
 
-def _headers(request: Request) -> dict[bytes, str]:
+def wanted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[bytes, str]:
+    """The request headers ingest reads, from an ASGI scope's raw (lower-case) header list."""
     # One pass over the raw header list: Starlette's Headers.get raises and catches a
     # KeyError for every absent header, which shows up in profiles at thousands of req/s.
-    return {k: v.decode("latin-1") for k, v in request.scope["headers"] if k in _WANTED}
+    return {k: v.decode("latin-1") for k, v in raw if k in _WANTED}
 
 
-async def ingest(request: Request) -> Response:
-    coll = _collector(request)
-    h = _headers(request)
+async def handle_ingest(coll: Collector, headers: dict[bytes, str], read_body: BodyReader) -> Answer:
+    """The whole ingest request, transport-independent. ``headers`` holds only the lower-cased
+    names in ``_WANTED``. Raises only ClientDisconnect (nobody left to answer); every other
+    failure is an answer, so the endpoint and the front cannot diverge on errors."""
+    try:
+        return await _ingest(coll, headers, read_body)
+    except ClientDisconnect:
+        raise
+    except Exception:
+        log.exception("ingest failed")
+        return internal_error()
+
+
+def internal_error() -> Answer:
+    """The answer to an unexpected failure; the details go to the log, not to the client."""
+    return _answer(500, "internal error handling the batch (logged on the collector)")
+
+
+async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -> Answer:
     try:
         who = await coll.authorize(h.get(b"authorization"), "agent")
     except tokens.AuthError as e:
-        return _error(e.status, e.detail)
+        return _answer(e.status, e.detail)
     limit = int(coll.settings.max_body_bytes)
-    body = await _read_body(request, limit, h.get(b"content-length"))
-    if isinstance(body, Response):
+    body = await _read_body(read_body, limit, h.get(b"content-length"))
+    if not isinstance(body, bytes):
         return body
     ctype = h.get(b"content-type")
     prep = None
@@ -166,34 +215,43 @@ async def ingest(request: Request) -> Response:
     except protocol.ProtocolError as e:
         msg = str(e)
         status = 415 if msg.startswith("unsupported") else 413 if "exceeds" in msg else 400
-        return _error(status, msg)
+        return _answer(status, msg)
     try:
         tokens.check_scope(who, batch.agent.cluster, batch.agent.node)
     except tokens.AuthError as e:
-        return _error(e.status, e.detail)
+        return _answer(e.status, e.detail)
     cfg = coll.config
     try:
+        fast = prep is not None  # the fast decoder has checked the gpus and jobs lists already
         if prep is None:  # the generic path names what is wrong
             prep = prepare(batch)
         check_batch(batch, prep, time.time(), max_rows=int(coll.settings.max_rows_per_batch),
-                    max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s)
+                    max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, dims_checked=fast)
         fut = coll.writer.submit(prep)
     except BatchRejected as e:
-        return _error(e.status, e.detail)
+        return _answer(e.status, e.detail)
     except Overloaded as e:
-        return _error(503, str(e), cfg.retry_after_s)
+        return _answer(503, str(e), cfg.retry_after_s)
     except Unavailable as e:
-        return _error(503, str(e), cfg.retry_after_s)
+        return _answer(503, str(e), cfg.retry_after_s)
     try:
         res = await fut
     except BatchRejected as e:
-        return _error(e.status, e.detail)
+        return _answer(e.status, e.detail)
     except Unavailable as e:
-        return _error(503, str(e), cfg.retry_after_s)
+        return _answer(503, str(e), cfg.retry_after_s)
     except Exception:
         log.exception("ingest failed")
-        return _error(500, "internal error storing the batch (logged on the collector)")
-    return _reply(200, {"stored": res.stored, "duplicate": res.duplicate})
+        return _answer(500, "internal error storing the batch (logged on the collector)")
+    return 200, _json.encode({"stored": res.stored, "duplicate": res.duplicate}), []
+
+
+async def ingest(request: Request) -> Response:
+    """The Starlette face of ``handle_ingest`` (served processes normally answer through
+    ``collector.front.IngestFront`` before this route is reached)."""
+    answer = await handle_ingest(collector_for(request.app), wanted_headers(request.scope["headers"]),
+                                 request.stream)
+    return _to_response(answer)
 
 
 async def import_ndjson(request: Request) -> Response:

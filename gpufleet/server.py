@@ -2,19 +2,27 @@
 
 Each part owns a router module exposing ``router`` and, when it has background work,
 ``lifespan(app)`` (an async context manager). This module only wires them together, so the
-parts stay independent of each other."""
+parts stay independent of each other.
+
+``create_app`` returns the FastAPI app (tests drive it with TestClient). Server processes serve
+``serving_app``: the same app behind ``collector.front.IngestFront``, which answers the ingest
+hot path without the FastAPI/Starlette request cycle."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
 from gpufleet import __version__
 from gpufleet.settings import ServerSettings
 from gpufleet.storage.db import make_engine
+
+if TYPE_CHECKING:
+    from gpufleet.collector.front import IngestFront
 
 
 def _parts() -> list[ModuleType]:
@@ -56,6 +64,15 @@ def create_app(settings: ServerSettings | None = None, *, extra_lifespans: list 
     return app
 
 
-def create_app_from_env() -> FastAPI:
+def serving_app(settings: ServerSettings | None = None, *, extra_lifespans: list | None = None) -> IngestFront:
+    """What a server process (``gpufleet serve``, ``gpufleet up``) hands to uvicorn: ``create_app``
+    behind the ingest front. Lifespan, the API, the web UI and non-POST ingest requests reach the
+    FastAPI app unchanged."""
+    from gpufleet.collector.front import IngestFront
+
+    return IngestFront(create_app(settings, extra_lifespans=extra_lifespans))
+
+
+def create_app_from_env() -> IngestFront:
     """Factory for uvicorn (``--workers``): settings from GPUFLEET_* environment variables."""
-    return create_app(ServerSettings())
+    return serving_app(ServerSettings())

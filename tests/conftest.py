@@ -225,16 +225,18 @@ class LiveServer:
 @pytest.fixture
 def live_server() -> Iterator[Callable[..., LiveServer]]:
     """``live_server(database_url, **settings)`` starts the real app under uvicorn on a free
-    port in a thread and returns it (``.url``); stopped after the test."""
+    port in a thread and returns it (``.url``; ``.app.state`` is the FastAPI app's); stopped
+    after the test. It serves what ``gpufleet serve`` serves (``serving_app``: the ingest
+    front); ``front=False`` serves the bare FastAPI app, to compare the two."""
     started: list[LiveServer] = []
 
-    def start(database_url: str, **settings: object) -> LiveServer:
-        from gpufleet.server import create_app
+    def start(database_url: str, *, front: bool = True, **settings: object) -> LiveServer:
+        from gpufleet.server import create_app, serving_app
         from gpufleet.settings import ServerSettings
 
         settings.setdefault("allow_anonymous", True)
         s = ServerSettings(database_url=database_url, **settings)
-        srv = LiveServer(create_app(s), free_port()).start()
+        srv = LiveServer(serving_app(s) if front else create_app(s), free_port()).start()
         started.append(srv)
         return srv
 

@@ -2,7 +2,8 @@
 
 Schema changes are `gpufleet migrate`'s job (a pre-deploy step); `--migrate` is for
 single-instance setups. With `--workers N`, uvicorn forks N processes that each build the
-app from the environment (`create_app_from_env`) and share the database, nothing else."""
+app from the environment (`create_app_from_env`: the FastAPI app behind the ingest front,
+`collector.front.IngestFront`) and share the database, nothing else."""
 
 from __future__ import annotations
 

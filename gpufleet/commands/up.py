@@ -180,7 +180,7 @@ def _alerts_hook() -> Any:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gpufleet.server import create_app
+    from gpufleet.server import serving_app
     from gpufleet.settings import ServerSettings
     from gpufleet.storage.db import resolve_url
     from gpufleet.storage.migrate import upgrade
@@ -205,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
         yield
         bg.shutdown()
 
-    app = create_app(settings, extra_lifespans=[background])
+    # The ingest front: the simulated agents' batches skip the FastAPI request cycle.
+    app = serving_app(settings, extra_lifespans=[background])
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     server = _graceful_server(config, bg)
 

@@ -27,8 +27,9 @@ def counts(url: str) -> dict[str, int]:
         e.dispose()
 
 
-def post(url: str, batch: protocol.Batch, compress: str | None = "zstd", token: str | None = None) -> httpx.Response:
-    body, headers = protocol.encode(batch, compress=compress)  # type: ignore[arg-type]
+def post(url: str, batch: protocol.Batch, compress: str | None = "zstd", token: str | None = None,
+         packed: bool = True) -> httpx.Response:
+    body, headers = protocol.encode(batch, compress=compress, packed=packed)  # type: ignore[arg-type]
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return httpx.post(url + "/api/v1/ingest", content=body, headers=headers, timeout=30)
@@ -69,23 +70,32 @@ def test_rejected_value_names_field_and_row_and_stores_nothing(database_url, liv
     assert c["gpu_samples"] == 0 and c["ingest_batches"] == 0 and c["jobs"] == 0 and c["gpus"] == 0
 
 
-@pytest.mark.parametrize(("mutate", "status", "needle"), [
+_BOTH_FORMS = [
     (lambda b: b.samples.__setitem__("bogus_field", [1.0] * 80), 422, "samples.bogus_field"),
-    (lambda b: b.samples["temp_c"].__setitem__(3, float("nan")), 422, "samples.temp_c[3]"),
     (lambda b: b.samples["ts"].__setitem__(5, time.time() + 86400), 422, "samples.ts[5]"),
     (lambda b: b.samples["ts"].__setitem__(6, 1.0), 422, "samples.ts[6]"),
     (lambda b: b.samples["xid_last"].__setitem__(2, 1.5), 422, "samples.xid_last[2]"),
-    (lambda b: b.samples["power_w"].pop(), 422, "samples.power_w"),
     (lambda b: b.samples["gpu"].__setitem__(9, "GPU-not-listed"), 422, "samples.gpu[9]"),
     (lambda b: setattr(b.agent, "node", "x" * 300), 422, "agent.node"),
     (lambda b: setattr(b.agent, "boot_id", ""), 422, "agent.boot_id"),
     (lambda b: b.samples["job"].__setitem__(4, "a\x00b"), 422, "samples.job[4]"),
-])
-def test_limits_are_4xx_naming_the_field(database_url, live_server, mutate, status, needle) -> None:
+    (lambda b: b.samples["temp_c"].__setitem__(3, float("inf")), 422, "samples.temp_c[3]"),
+]
+# Only the list form can say these: packed NaN means "not available" and a packed column
+# cannot be shorter than the others (tests/collector/test_packed.py covers its own errors).
+_LIST_FORM_ONLY = [
+    (lambda b: b.samples["temp_c"].__setitem__(3, float("nan")), 422, "samples.temp_c[3]"),
+    (lambda b: b.samples["power_w"].pop(), 422, "samples.power_w"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "status", "needle", "packed"),
+                         [(*c, p) for c in _BOTH_FORMS for p in (False, True)] + [(*c, False) for c in _LIST_FORM_ONLY])
+def test_limits_are_4xx_naming_the_field(database_url, live_server, mutate, status, needle, packed) -> None:
     srv = live_server(database_url)
     b = make_batch("n1", seq=1, start=time.time() - 30)
     mutate(b)
-    r = post(srv.url, b)
+    r = post(srv.url, b, packed=packed)
     assert r.status_code == status, r.text
     assert needle in r.json()["detail"]
     assert counts(database_url)["gpu_samples"] == 0
