@@ -261,6 +261,8 @@ class WriteCache:
     jobs: dict[tuple[int, str], tuple[int, tuple[Any, ...]]] = field(default_factory=dict)
     job_times: dict[int, tuple[float, float]] = field(default_factory=dict)  # pk -> start, last written
     node_seen: dict[int, tuple[float, str]] = field(default_factory=dict)  # pk -> last_seen, version written
+    # gpu_pk -> (open allocation's job_pk or None, its start, when read from the database)
+    allocs: dict[int, tuple[int | None, float, float]] = field(default_factory=dict)
 
     def clear(self) -> None:
         self.clusters.clear()
@@ -269,6 +271,7 @@ class WriteCache:
         self.jobs.clear()
         self.job_times.clear()
         self.node_seen.clear()
+        self.allocs.clear()
 
 
 GPU_SEEN_EVERY_S = 600.0  # gpus.last_seen granularity (nodes.last_seen is exact; nothing reads the GPU one)
@@ -276,6 +279,10 @@ GPU_SEEN_EVERY_S = 600.0  # gpus.last_seen granularity (nodes.last_seen is exact
 # shared by every node of the job, so updating it in every group commit would serialise
 # concurrent collector processes on that row lock. Stale-job detection works in minutes.
 JOB_TOUCH_EVERY_S = 15.0
+# How long a GPU's open allocation read from the database is trusted without reading it
+# again. Well below STALE_JOB_S: another process closes allocations only of jobs silent that
+# long, and a GPU still sending samples of the job refreshes the entry long before.
+ALLOC_TRUST_S = 60.0
 NODE_SEEN_EVERY_S = 5.0  # nodes.last_seen granularity (agents flush every ~10 s anyway)
 GPU_MOVE_AFTER_S = 600.0  # a GPU uuid may move to another node once its old node is silent this long
 
@@ -983,7 +990,7 @@ def write_batches(conn: Connection, batches: Sequence[Batch | Prepared], now: fl
             _upsert_rollup(conn, job_samples_1m, "job_pk", k, b, n, lt, agg, None)
         _touch_jobs(conn, job_pk, ts, cache)
 
-    _allocations(conn, preps, active, cids, gids, jpks, ts, gpu_pk, job_pk, order=gpu_order)
+    _allocations(conn, preps, active, cids, gids, jpks, ts, gpu_pk, job_pk, order=gpu_order, cache=cache, now=now)
     _events(conn, preps, active, nids, node_key, gids)
 
     for i in active:
@@ -1067,9 +1074,13 @@ def or_null_or_lt(col: Any, v: Any) -> Any:
 
 def _allocations(conn: Connection, preps: list[Prepared], active: list[int], cids: dict[str, int],
                  gids: dict[str, int], jpks: dict[tuple[int, str], int], ts: np.ndarray, gpu_pk: np.ndarray,
-                 job_pk: np.ndarray, order: np.ndarray | None = None) -> None:
+                 job_pk: np.ndarray, order: np.ndarray | None = None, cache: WriteCache | None = None,
+                 now: float = 0.0) -> None:
     """Open/close allocations as each GPU's job changes (from samples, ordered by time).
-    ``order``: ``np.lexsort((ts, gpu_pk))`` when the caller already has it."""
+    ``order``: ``np.lexsort((ts, gpu_pk))`` when the caller already has it. With ``cache``,
+    GPUs whose rows all continue the open allocation read recently are not read again (the
+    steady state: a GPU keeps its job for hours, and this query was a group commit's largest
+    remaining Python cost)."""
     since: dict[tuple[int, int], float] = {}
     for i in active:
         cid = cids[preps[i].batch.agent.cluster]
@@ -1086,6 +1097,14 @@ def _allocations(conn: Connection, preps: list[Prepared], active: list[int], cid
     runs: dict[int, list[tuple[float, int | None]]] = {}
     for gg, jj, tt in zip(g[change].tolist(), j[change].tolist(), t[change].tolist(), strict=True):
         runs.setdefault(gg, []).append((tt, None if jj < 0 else jj))
+    if cache is not None:
+        known = cache.allocs
+        for gpu in [gpu for gpu, rs in runs.items() if len(rs) == 1 and gpu in known]:
+            jp0, start0, read_at = known[gpu]
+            if rs_continue(runs[gpu][0], jp0, start0) and now - read_at < ALLOC_TRUST_S:
+                del runs[gpu]
+        if not runs:
+            return
     at = Allocation.__table__
     gpus = sorted(runs)
     # Raw SQL with one array parameter: an IN list of thousands of GPUs is slow to compile.
@@ -1102,6 +1121,7 @@ def _allocations(conn: Connection, preps: list[Prepared], active: list[int], cid
     opens: list[dict[str, Any]] = []
     for gpu in sorted(runs):
         cur = open_rows.get(gpu)  # (alloc id or None for a new one, job_pk, start)
+        writes = len(closes) + len(opens)
         for t0, jp in runs[gpu]:
             if cur is not None and t0 < cur[2]:
                 continue  # an old batch arriving late: it cannot rewrite the GPU's history
@@ -1117,6 +1137,11 @@ def _allocations(conn: Connection, preps: list[Prepared], active: list[int], cid
                 start = min(since.get((gpu, jp), t0), t0)
                 opens.append({"job_pk": jp, "gpu_pk": gpu, "start_ts": start, "end_ts": None})
                 cur = (None, jp, start)
+        if cache is not None:
+            if writes == len(closes) + len(opens):  # the database's state, confirmed unchanged
+                cache.allocs[gpu] = (cur[1], cur[2], now) if cur is not None else (None, -math.inf, now)
+            else:  # what we wrote may lose to a concurrent collector: read it next time
+                cache.allocs.pop(gpu, None)
     if closes:
         conn.execute(update(at).where(at.c.id == bindparam("aid")).values(end_ts=bindparam("end")), closes)
     if opens:
@@ -1129,6 +1154,12 @@ def _allocations(conn: Connection, preps: list[Prepared], active: list[int], cid
             conn.execute(at.insert(), closed)
         if still_open:
             conn.execute(ins, still_open)
+
+
+def rs_continue(run: tuple[float, int | None], job_pk: int | None, start: float) -> bool:
+    """A GPU's only run in a group (starting at ``run[0]``, of job ``run[1]``) continues its
+    open allocation (``job_pk`` since ``start``; None = no open allocation): nothing to write."""
+    return run[1] == job_pk and run[0] >= start
 
 
 def _events(conn: Connection, preps: list[Prepared], active: list[int], nids: dict[tuple[int, str], int],
