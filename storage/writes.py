@@ -938,11 +938,13 @@ def write_batches(conn: Connection, batches: Sequence[Batch | Prepared], now: fl
     for i in active:
         p = preps[i]
         nid = nids[node_key[i]]
-        for r, u in enumerate(p.gpu):
-            hit = cache.gpus.get(u)
-            if u not in gids or (hit is not None and hit[1] != nid):
-                raise BatchRejected(f"samples.gpu[{r}]: GPU {u!r} is not listed in this batch's gpus "
-                                    f"and not known for node {p.batch.agent.node!r}", index=i)
+        # Distinct GPUs only (a batch has a handful over 80+ rows); the row is looked up for
+        # the message when one is wrong.
+        bad = [u for u in set(p.gpu) if u not in gids or cache.gpus.get(u, (0, nid))[1] != nid]
+        if bad:
+            r = min(p.gpu.index(u) for u in bad)
+            raise BatchRejected(f"samples.gpu[{r}]: GPU {p.gpu[r]!r} is not listed in this batch's gpus "
+                                f"and not known for node {p.batch.agent.node!r}", index=i)
 
     # Jobs: described ones and the ones samples/allocations merely reference.
     jobs: dict[tuple[int, str], Any] = {}

@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers if args.workers > 1 else None,
         log_level="info",
         access_log=False,
+        # Nothing in gpufleet reads the client address, and uvicorn's X-Forwarded-* rewriting
+        # middleware is ~3% of an ingest worker's CPU at thousands of requests/s.
+        proxy_headers=False,
     )
     return 0
 
