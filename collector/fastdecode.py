@@ -178,12 +178,14 @@ def decode_prepared(body: bytes, content_type: str | None) -> Prepared | None:
 _IS_INT = np.array([f.dtype == "i8" for f in CATALOG.fields])
 _LO = np.array([f.min for f in CATALOG.fields], dtype=np.float64)
 _HI = np.array([f.max for f in CATALOG.fields], dtype=np.float64)
-_FIELD_ARRAYS: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None] = {}
+_FIELD_ARRAYS: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None] = {}
+# Every catalog range is finite, so the range test below also rejects +-inf.
+assert np.isfinite(_LO).all() and np.isfinite(_HI).all()
 
 
-def _field_arrays(fields: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
-    """(catalog indices, min, max, any integer field) for a field list, or None when a name is
-    unknown or repeated. Agents send the same list batch after batch: cached."""
+def _field_arrays(fields: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(catalog indices, min, max, positions of integer fields) for a field list, or None when
+    a name is unknown or repeated. Agents send the same list batch after batch: cached."""
     key = tuple(fields)
     hit = _FIELD_ARRAYS.get(key, False)
     if hit is not False:
@@ -192,7 +194,7 @@ def _field_arrays(fields: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     out = None
     if -1 not in idx and len(set(idx)) == len(idx):
         ia = np.array(idx, dtype=np.intp)
-        out = (ia, _LO[ia][:, None], _HI[ia][:, None], bool(_IS_INT[ia].any()))
+        out = (ia, _LO[ia][:, None], _HI[ia][:, None], np.flatnonzero(_IS_INT[ia]))
     if len(_FIELD_ARRAYS) < 1024:
         _FIELD_ARRAYS[key] = out
     return out
@@ -206,7 +208,7 @@ def _from_packed(b: _Batch, p: Packed, gpus_info: list[GpuInfo], jobs_info: list
     if n <= 0 or len(p.ts) != 8 * n or len(p.gpu) != 2 * n or len(p.values) != 8 * n * k \
             or (p.job and len(p.job) != 4 * n):
         return None
-    fa = _field_arrays(p.fields) if k else (np.empty(0, np.intp), None, None, False)
+    fa = _field_arrays(p.fields) if k else (np.empty(0, np.intp), None, None, np.empty(0, np.intp))
     if fa is None:
         return None
     ts = np.frombuffer(p.ts, dtype="<f8")
@@ -217,14 +219,15 @@ def _from_packed(b: _Batch, p: Packed, gpus_info: list[GpuInfo], jobs_info: list
         return None
     vals = np.full((NF, n), np.nan)
     if k:
-        idx, lo, hi, has_int = fa
+        idx, lo, hi, int_rows = fa
         mat = np.frombuffer(p.values, dtype="<f8").reshape(k, n)
         # NaN compares False both ways, so it passes the range test: it is "not available".
-        # (Comparisons and floor never warn on NaN: no errstate needed, which costs more.)
-        if ((mat < lo) | (mat > hi)).any() or np.isinf(mat).any():
+        # The ranges are finite, so infinities fail it. (Comparisons never warn on NaN: no
+        # errstate needed, which costs more than the test.)
+        if ((mat < lo) | (mat > hi)).any():
             return None
-        if has_int:
-            m = mat[_IS_INT[idx]]
+        if len(int_rows):  # integer fields: no fractions (NaN is "not available")
+            m = mat[int_rows]
             if ((m != np.floor(m)) & ~np.isnan(m)).any():
                 return None
         vals[idx] = mat

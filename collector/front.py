@@ -66,7 +66,7 @@ class IngestFront:
         self.handled += 1
 
         def read_body() -> AsyncIterator[bytes]:
-            return _body_chunks(receive)
+            return _BodyChunks(receive)
 
         try:
             status, body, extra = await handle_ingest(collector_for(self.app), wanted_headers(scope["headers"]),
@@ -84,17 +84,30 @@ class IngestFront:
         await send({"type": "http.response.body", "body": body})
 
 
-async def _body_chunks(receive: Receive) -> AsyncIterator[bytes]:
+class _BodyChunks:
     """The request body from ASGI ``http.request`` messages, as Starlette's Request.stream
-    reads it (ClientDisconnect on ``http.disconnect``), without creating a Request."""
-    while True:
-        message = await receive()
-        kind = message["type"]
-        if kind == "http.request":
-            chunk: bytes = message.get("body", b"")
-            if chunk:
-                yield chunk
-            if not message.get("more_body", False):
-                return
-        elif kind == "http.disconnect":
-            raise ClientDisconnect()
+    reads it (ClientDisconnect on ``http.disconnect``), without creating a Request. A plain
+    async iterator, not an async generator: a generator per request also registers with the
+    event loop's async-generator hooks, a measurable cost at thousands of requests/s."""
+
+    __slots__ = ("done", "receive")
+
+    def __init__(self, receive: Receive) -> None:
+        self.receive = receive
+        self.done = False
+
+    def __aiter__(self) -> _BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self.done:
+            message = await self.receive()
+            kind = message["type"]
+            if kind == "http.request":
+                self.done = not message.get("more_body", False)
+                chunk: bytes = message.get("body", b"")
+                if chunk:
+                    return chunk
+            elif kind == "http.disconnect":
+                raise ClientDisconnect()
+        raise StopAsyncIteration
