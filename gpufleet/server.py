@@ -74,5 +74,11 @@ def serving_app(settings: ServerSettings | None = None, *, extra_lifespans: list
 
 
 def create_app_from_env() -> IngestFront:
-    """Factory for uvicorn (``--workers``): settings from GPUFLEET_* environment variables."""
-    return serving_app(ServerSettings())
+    """Factory for uvicorn (``--workers``): settings from GPUFLEET_* environment variables.
+    Runs once in each server process, so it also applies the server's GC settings there
+    (``gpufleet.gctune``)."""
+    from gpufleet.gctune import tune_gc_for_server
+
+    app = serving_app(ServerSettings())
+    tune_gc_for_server()
+    return app

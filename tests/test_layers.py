@@ -22,7 +22,7 @@ FOLDERS = {
     "migrations": "gpufleet.migrations",
 }
 CORE = {"gpufleet", "gpufleet.catalog", "gpufleet.protocol"}
-TOP = ("gpufleet.cli", "gpufleet.commands", "gpufleet.server", "gpufleet.celery_app")
+TOP = ("gpufleet.cli", "gpufleet.commands", "gpufleet.server", "gpufleet.celery_app", "gpufleet.gctune")
 # Server settings: read by every server-side part, never by the agent or storage.
 SETTINGS = "gpufleet.settings"
 

@@ -180,6 +180,7 @@ def _alerts_hook() -> Any:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from gpufleet.gctune import tune_gc_for_server
     from gpufleet.server import serving_app
     from gpufleet.settings import ServerSettings
     from gpufleet.storage.db import resolve_url
@@ -207,7 +208,9 @@ def run(args: argparse.Namespace) -> int:
 
     # The ingest front: the simulated agents' batches skip the FastAPI request cycle.
     app = serving_app(settings, extra_lifespans=[background])
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    tune_gc_for_server()  # a long-running server process, like `serve`'s workers
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                            proxy_headers=False)
     server = _graceful_server(config, bg)
 
     def announce() -> None:
