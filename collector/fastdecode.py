@@ -13,10 +13,18 @@ import msgspec
 import numpy as np
 
 from gpufleet import protocol
-from gpufleet.catalog import CATALOG
 from gpufleet.collector.validate import check_gpus, check_jobs
 from gpufleet.protocol import Allocation, Batch, Event, GpuInfo, JobInfo, Packed
-from gpufleet.storage.writes import FIELD_INDEX, NF, BatchRejected, Prepared, prepare_typed
+from gpufleet.storage.writes import (
+    FIELD_INDEX,
+    NF,
+    BatchRejected,
+    FieldBounds,
+    Prepared,
+    field_bounds,
+    field_bounds_ok,
+    prepare_typed,
+)
 
 
 class _Batch(msgspec.Struct, forbid_unknown_fields=True):
@@ -175,17 +183,12 @@ def decode_prepared(body: bytes, content_type: str | None) -> Prepared | None:
     return prepare_typed(batch, decoded)
 
 
-_IS_INT = np.array([f.dtype == "i8" for f in CATALOG.fields])
-_LO = np.array([f.min for f in CATALOG.fields], dtype=np.float64)
-_HI = np.array([f.max for f in CATALOG.fields], dtype=np.float64)
-_FIELD_ARRAYS: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None] = {}
-# Every catalog range is finite, so the range test below also rejects +-inf.
-assert np.isfinite(_LO).all() and np.isfinite(_HI).all()
+_FIELD_ARRAYS: dict[tuple[str, ...], tuple[np.ndarray, FieldBounds] | None] = {}
 
 
-def _field_arrays(fields: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """(catalog indices, min, max, positions of integer fields) for a field list, or None when
-    a name is unknown or repeated. Agents send the same list batch after batch: cached."""
+def _field_arrays(fields: list[str]) -> tuple[np.ndarray, FieldBounds] | None:
+    """(catalog indices, their field_bounds) for a field list, or None when a name is
+    unknown or repeated. Agents send the same list batch after batch: cached."""
     key = tuple(fields)
     hit = _FIELD_ARRAYS.get(key, False)
     if hit is not False:
@@ -194,7 +197,7 @@ def _field_arrays(fields: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     out = None
     if -1 not in idx and len(set(idx)) == len(idx):
         ia = np.array(idx, dtype=np.intp)
-        out = (ia, _LO[ia][:, None], _HI[ia][:, None], np.flatnonzero(_IS_INT[ia]))
+        out = (ia, field_bounds(ia))
     if len(_FIELD_ARRAYS) < 1024:
         _FIELD_ARRAYS[key] = out
     return out
@@ -208,8 +211,8 @@ def _from_packed(b: _Batch, p: Packed, gpus_info: list[GpuInfo], jobs_info: list
     if n <= 0 or len(p.ts) != 8 * n or len(p.gpu) != 2 * n or len(p.values) != 8 * n * k \
             or (p.job and len(p.job) != 4 * n):
         return None
-    fa = _field_arrays(p.fields) if k else (np.empty(0, np.intp), None, None, np.empty(0, np.intp))
-    if fa is None:
+    fa = _field_arrays(p.fields) if k else None
+    if k and fa is None:
         return None
     ts = np.frombuffer(p.ts, dtype="<f8")
     if not np.isfinite(ts).all():
@@ -218,18 +221,11 @@ def _from_packed(b: _Batch, p: Packed, gpus_info: list[GpuInfo], jobs_info: list
     if int(gi.max()) >= len(p.gpus):
         return None
     vals = np.full((NF, n), np.nan)
-    if k:
-        idx, lo, hi, int_rows = fa
+    if fa is not None:
+        idx, bounds = fa
         mat = np.frombuffer(p.values, dtype="<f8").reshape(k, n)
-        # NaN compares False both ways, so it passes the range test: it is "not available".
-        # The ranges are finite, so infinities fail it. (Comparisons never warn on NaN: no
-        # errstate needed, which costs more than the test.)
-        if ((mat < lo) | (mat > hi)).any():
+        if not field_bounds_ok(mat, bounds):  # NaN passes: packed NaN is "not available"
             return None
-        if len(int_rows):  # integer fields: no fractions (NaN is "not available")
-            m = mat[int_rows]
-            if ((m != np.floor(m)) & ~np.isnan(m)).any():
-                return None
         vals[idx] = mat
     gpus = p.gpus
     gpu = [gpus[i] for i in gi.tolist()]

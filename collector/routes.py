@@ -147,10 +147,6 @@ def collector_for(app: FastAPI) -> Collector:
     return coll
 
 
-def _collector(request: Request) -> Collector:
-    return collector_for(request.app)
-
-
 async def _read_body(read_body: BodyReader, limit: int, cl: str | None) -> bytes | Answer:
     if cl is not None:
         try:
@@ -258,7 +254,7 @@ async def import_ndjson(request: Request) -> Response:
     """NDJSON upload (``?cluster=C``): validated completely, then stored in one transaction."""
     from gpufleet.collector.ndjson import ImportError_, import_file
 
-    coll = _collector(request)
+    coll = collector_for(request.app)
     try:
         await coll.authorize(request.headers.get("authorization"), "operator")
     except tokens.AuthError as e:

@@ -17,7 +17,6 @@ shared rows in sorted key order; the caller retries the rare one that remains.""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import struct
@@ -56,6 +55,8 @@ NF = len(FIELDS)
 _IS_I8 = np.array([f.dtype == "i8" for f in FIELDS])
 _MIN = np.array([f.min for f in FIELDS])
 _MAX = np.array([f.max for f in FIELDS])
+# Every catalog range is finite, so a range test also rejects +-inf (field_bounds_ok).
+assert np.isfinite(_MIN).all() and np.isfinite(_MAX).all()
 _ROLLUP = [f.rollup for f in FIELDS]
 STALE_JOB_S = 300.0  # a job nobody reported for this long has ended
 BUCKET_S = 60.0
@@ -226,24 +227,38 @@ def _fast_fields(s: dict[str, list[Any]], present: list[tuple[int, str]], vals: 
     except (msgspec.ValidationError, OverflowError, ValueError, TypeError):
         return False
     nan = np.isnan(mat)
-    has_nan = bool(nan.any())
     # Only list columns can hold nulls (a numpy column from the collector's fast decode
     # has none), so any NaN beyond the lists' None count is a real NaN, not a null.
-    if has_nan and int(nan.sum()) != sum(c.count(None) for c in cols if isinstance(c, list)):
+    if nan.any() and int(nan.sum()) != sum(c.count(None) for c in cols if isinstance(c, list)):
         return False  # a real NaN, not a null
-    if np.isinf(mat).any():
-        return False
     idx = np.array([j for j, _ in present])
-    # errstate costs microseconds per request: enter it only when NaNs are there to compare.
-    with np.errstate(invalid="ignore") if has_nan else contextlib.nullcontext():
-        bad = (mat < _MIN[idx][:, None]) | (mat > _MAX[idx][:, None])
-        ints = _IS_I8[idx]
-        if ints.any():
-            m = mat[ints]
-            bad[ints] |= (m != np.floor(m)) & ~np.isnan(m)
-    if bad.any():
+    if not field_bounds_ok(mat, field_bounds(idx)):
         return False
     vals[idx] = mat
+    return True
+
+
+FieldBounds = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def field_bounds(idx: np.ndarray) -> FieldBounds:
+    """For the catalog fields ``idx`` (rows of a value matrix): their minimums and maximums as
+    columns, and which rows are integer fields. Callers seeing the same fields batch after
+    batch may keep it."""
+    return _MIN[idx][:, None], _MAX[idx][:, None], np.flatnonzero(_IS_I8[idx])
+
+
+def field_bounds_ok(mat: np.ndarray, bounds: FieldBounds) -> bool:
+    """Every value of ``mat`` within its field's range (so finite) and whole for integer
+    fields. NaN ("not available") passes: it compares False both ways, and comparisons never
+    warn on NaN, so no errstate (which costs more than the test) is needed."""
+    lo, hi, int_rows = bounds
+    if ((mat < lo) | (mat > hi)).any():
+        return False
+    if len(int_rows):
+        m = mat[int_rows]
+        if ((m != np.floor(m)) & ~np.isnan(m)).any():
+            return False
     return True
 
 

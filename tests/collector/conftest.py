@@ -10,6 +10,7 @@ import pytest
 
 from gpufleet.catalog import CATALOG
 from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo
+from gpufleet.storage.db import make_engine
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -50,3 +51,12 @@ def make_batch(node: str = "node-1", *, seq: int = 0, boot_id: str | None = None
 @pytest.fixture
 def batch_factory() -> Callable[..., Batch]:
     return make_batch
+
+
+@pytest.fixture
+def server(database_url, live_server):  # type: ignore[no-untyped-def]
+    """A live collector on the test's database, and an engine to count what it stored."""
+    srv = live_server(database_url)
+    e = make_engine(database_url)
+    yield srv, e
+    e.dispose()

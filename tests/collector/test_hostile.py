@@ -9,12 +9,9 @@ from typing import Any
 
 import httpx
 import msgspec
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
-
-from gpufleet.storage.db import make_engine
 
 from .conftest import make_batch
 
@@ -65,14 +62,6 @@ def _encode(doc: dict, fmt: str) -> tuple[bytes, dict[str, str]] | None:
         return json.dumps(doc, allow_nan=True).encode("utf-8", "surrogatepass"), {"Content-Type": "application/json"}
     except (OverflowError, TypeError, ValueError):
         return None
-
-
-@pytest.fixture
-def server(database_url, live_server):  # type: ignore[no-untyped-def]
-    srv = live_server(database_url)
-    e = make_engine(database_url)
-    yield srv, e
-    e.dispose()
 
 
 @SETTINGS

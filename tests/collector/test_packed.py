@@ -19,7 +19,6 @@ from sqlalchemy import text
 
 from gpufleet import protocol
 from gpufleet.collector.fastdecode import decode_prepared
-from gpufleet.storage.db import make_engine
 from gpufleet.storage.writes import BatchRejected, prepare
 
 from .conftest import make_batch
@@ -79,14 +78,6 @@ def _doc(b: protocol.Batch) -> dict[str, Any]:
 def _post(url: str, doc: dict[str, Any]) -> httpx.Response:
     return httpx.post(url + "/api/v1/ingest", content=msgspec.msgpack.encode(doc),
                       headers={"Content-Type": protocol.MSGPACK}, timeout=30)
-
-
-@pytest.fixture
-def server(database_url, live_server):  # type: ignore[no-untyped-def]
-    srv = live_server(database_url)
-    e = make_engine(database_url)
-    yield srv, e
-    e.dispose()
 
 
 def _rows(engine: Any, node: str) -> list[tuple[Any, ...]]:
