@@ -21,6 +21,8 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v chromium >/dev/null || need+=(chromium)
 command -v pg_isready >/dev/null || need+=(postgresql-client)
 command -v npm >/dev/null || need+=(npm)
+command -v prometheus >/dev/null || need+=(prometheus)  # tests/prometheus: remote write end to end
+command -v victoria-metrics >/dev/null || need+=(victoria-metrics)
 if ((${#need[@]})); then
   log "installing Debian packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
