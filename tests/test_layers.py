@@ -21,7 +21,7 @@ FOLDERS = {
     "api": "gpufleet.api",
     "migrations": "gpufleet.migrations",
 }
-CORE = {"gpufleet", "gpufleet.catalog", "gpufleet.protocol"}
+CORE = {"gpufleet", "gpufleet.catalog", "gpufleet.protocol", "gpufleet.dcgm"}
 TOP = ("gpufleet.cli", "gpufleet.commands", "gpufleet.server", "gpufleet.celery_app", "gpufleet.gctune")
 # Server settings: read by every server-side part, never by the agent or storage.
 SETTINGS = "gpufleet.settings"

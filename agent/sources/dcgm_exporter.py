@@ -18,16 +18,15 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.catalog import CATALOG, Field
+from gpufleet.dcgm import FB_FREE as _FB_FREE
+from gpufleet.dcgm import FB_RESERVED as _FB_RESERVED
+from gpufleet.dcgm import field_for, gpu_identity, job_from_labels
 from gpufleet.protocol import Event, GpuInfo, JobInfo
 
 from .base import GpuReading, SourceAttribution
 
 log = logging.getLogger(__name__)
 
-_BY_DCGM: dict[str, Field] = CATALOG.by_dcgm_name()
-_FB_FREE, _FB_RESERVED = "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"
-_POD_LABELS = (("pod", "namespace", "container"), ("pod_name", "pod_namespace", "container_name"))
 
 
 @dataclass
@@ -54,28 +53,6 @@ class ExporterGpu:
                        parent_uuid=self.parent_uuid, memory_total_bytes=total)
 
 
-def _mig_uuid(parent: str, gi: str) -> str:
-    # dcgm-exporter labels a MIG instance with its parent's UUID and GPU instance id only.
-    return f"MIG-{parent.removeprefix('GPU-')}-gi{gi}"
-
-
-def _job_from_labels(labels: dict[str, str]) -> JobInfo | None:
-    hpc = labels.get("hpc_job", "").strip()
-    if hpc:
-        return JobInfo(job_id=hpc, source="slurm")
-    for pod_k, ns_k, ctr_k in _POD_LABELS:
-        pod = labels.get(pod_k, "").strip()
-        if pod:
-            ns = labels.get(ns_k, "").strip() or "default"
-            extra = {"pod": pod}
-            if labels.get(ctr_k):
-                extra["container"] = labels[ctr_k]
-            if labels.get("pod_uid"):
-                extra["pod_uid"] = labels["pod_uid"]
-            return JobInfo(job_id=f"{ns}/{pod}", source="kubernetes", name=pod, namespace=ns, labels=extra)
-    return None
-
-
 def parse_exposition(text: str) -> dict[str, ExporterGpu]:
     """GPUs by uuid from a Prometheus text exposition. Series without a GPU identity
     (label-less dummies in real dumps) and fields outside the catalog are skipped."""
@@ -83,27 +60,20 @@ def parse_exposition(text: str) -> dict[str, ExporterGpu]:
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             name = s.name
-            f = _BY_DCGM.get(name) or _BY_DCGM.get(name.removesuffix("_total"))
+            f = field_for(name)
             if f is None and name not in (_FB_FREE, _FB_RESERVED):
                 continue
             lab = s.labels
-            parent = lab.get("UUID") or lab.get("uuid") or ""
-            if not parent:
+            ident = gpu_identity(lab)
+            if ident is None:
                 continue
-            gi = lab.get("GPU_I_ID", "").strip()
-            uuid = _mig_uuid(parent, gi) if gi else parent
-            g = gpus.get(uuid)
+            g = gpus.get(ident.uuid)
             if g is None:
-                try:
-                    index = int(lab.get("gpu", "") or lab.get("device", "nvidia-1").removeprefix("nvidia"))
-                except ValueError:
-                    index = -1
-                g = gpus[uuid] = ExporterGpu(uuid=uuid, index=index, model=lab.get("modelName", ""),
-                                             mig_profile=(lab.get("GPU_I_PROFILE") or None) if gi else None,
-                                             parent_uuid=parent if gi else None,
-                                             gi_id=int(gi) if gi.isdigit() else None)
+                g = gpus[ident.uuid] = ExporterGpu(uuid=ident.uuid, index=ident.index, model=ident.model,
+                                                   mig_profile=ident.mig_profile, parent_uuid=ident.parent_uuid,
+                                                   gi_id=ident.gi_id)
             if g.job is None:
-                g.job = _job_from_labels(lab)
+                g.job = job_from_labels(lab)
             value = float(s.value)
             if value != value:  # NaN: the exporter had no value this round
                 continue
