@@ -9,15 +9,17 @@ spooled batches are.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from gpufleet.catalog import CATALOG
-from gpufleet.protocol import AgentInfo, Allocation, Batch, Event, GpuInfo, JobInfo
+from gpufleet.protocol import AgentInfo, Allocation, Batch, Event, GpuInfo, JobInfo, ProgressWindow
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class CyclePart(msgspec.Struct, array_like=True, omit_defaults=True):
     jobs: list[JobInfo] = []
     allocations: list[Allocation] = []
     events: list[Event] = []
+    progress: list[ProgressWindow] = []  # training-progress windows the relay finished
 
 
 class OpenBatch:
@@ -53,12 +56,14 @@ class OpenBatch:
         self.jobs: dict[str, JobInfo] = {}
         self.allocations: dict[tuple[str, str], Allocation] = {}
         self.events: list[Event] = []
+        self.progress: list[ProgressWindow] = []
 
     def new_part(self, ts: float, rows: list[Row], gpus: Iterable[GpuInfo], jobs: Iterable[JobInfo],
-                 allocations: Iterable[Allocation], events: list[Event]) -> CyclePart:
+                 allocations: Iterable[Allocation], events: list[Event],
+                 progress: list[ProgressWindow] | None = None) -> CyclePart:
         """The part to journal: rows and events, plus only what this batch has not seen yet."""
         return CyclePart(
-            ts=ts, rows=rows, events=events,
+            ts=ts, rows=rows, events=events, progress=progress or [],
             gpus=[g for g in gpus if self.gpus.get(g.uuid) != g],
             jobs=[j for j in jobs if self.jobs.get(j.job_id) != j],
             allocations=[a for a in allocations if (a.gpu_uuid, a.job_id) not in self.allocations],
@@ -73,13 +78,14 @@ class OpenBatch:
         for a in part.allocations:
             self.allocations[(a.gpu_uuid, a.job_id)] = a
         self.events.extend(part.events)
+        self.progress.extend(part.progress)
 
     @property
     def n_rows(self) -> int:
         return len(self.rows)
 
     def empty(self) -> bool:
-        return not self.rows and not self.events
+        return not self.rows and not self.events and not self.progress
 
     def build(self, sent_at: float) -> Batch:
         present: set[str] = set()
@@ -101,7 +107,7 @@ class OpenBatch:
         agent = msgspec.structs.replace(self.agent, sent_at=sent_at)
         return Batch(agent=agent, gpus=list(self.gpus.values()), jobs=list(self.jobs.values()),
                      allocations=list(self.allocations.values()), samples=cols if self.rows else {},
-                     events=list(self.events))
+                     events=list(self.events), progress=list(self.progress))
 
 
 # --- the journal -------------------------------------------------------------------------
@@ -115,13 +121,17 @@ _part_dec = msgspec.msgpack.Decoder(CyclePart)
 class Journal:
     """Append-only record of the open batch: an AgentInfo record, then one CyclePart per cycle."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, opener: Callable[..., Any] = open) -> None:
         self.path = path
-        self._f = None
+        self.opener = opener  # tests put a fault-injecting file layer here
+        self._f: Any = None
 
     def start(self, agent: AgentInfo) -> None:
-        self.close()
-        self._f = open(self.path, "wb")  # noqa: SIM115 - kept open across cycles on purpose
+        # The batch this journal covered is in the spool now, so a close that cannot flush its
+        # buffer (full disk) loses nothing; the file is truncated next anyway.
+        with contextlib.suppress(OSError):
+            self.close()
+        self._f = self.opener(self.path, "wb")
         self._write(_enc.encode(agent))
 
     def append(self, part: CyclePart) -> None:
@@ -129,14 +139,24 @@ class Journal:
 
     def _write(self, data: bytes) -> None:
         if self._f is None:
-            raise OSError(f"journal {self.path} is not open")
-        self._f.write(_LEN.pack(len(data)) + data)
-        self._f.flush()  # into the page cache: survives the process being killed
+            raise OSError(f"journal {self.path} is not open (an earlier write failed; it reopens with the next batch)")
+        try:
+            self._f.write(_LEN.pack(len(data)) + data)
+            self._f.flush()  # into the page cache: survives the process being killed
+        except (OSError, ValueError) as e:
+            # The record may be torn: write nothing after it (recovery stops at a torn last
+            # record), and stop journaling this batch; the next batch's start() reopens it.
+            with contextlib.suppress(OSError, ValueError):
+                self.close()
+            self._f = None
+            raise OSError(f"journal {self.path}: {e}") from e
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        # Forget the file before closing it: a close that fails to flush (ENOSPC) still
+        # closes it, and keeping the object would turn every later write into a ValueError.
+        f, self._f = self._f, None
+        if f is not None:
+            f.close()
 
     def discard(self) -> None:
         self.close()

@@ -40,6 +40,7 @@ class AgentConfig:
     flush_s: float = 10.0
     spool_dir: Path = field(default_factory=_default_spool)
     spool_max_bytes: int = GIB
+    spool_memory_max_bytes: int = 64 * 1024**2  # batches held in memory while the disk refuses writes
     # sources
     source: str = "auto"  # nvml | dcgm-exporter | simulator | auto (nvml when a GPU answers)
     simulate: int = 0  # simulated nodes (with source=simulator); this agent is node 0 unless `node` names one

@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 DEVICES_TTL_S = 30.0  # re-enumerate GPUs this often (hot-plug, MIG reconfiguration)
 SHUTDOWN_DRAIN_S = 5.0
 MAX_REMEMBERED_ALLOCATIONS = 4096
-MAX_OPEN_BATCHES = 10  # flush intervals of rows kept in memory while the disk refuses them
 
 
 class Enricher(Protocol):
@@ -56,7 +55,7 @@ class Sample:
 class Agent:
     def __init__(self, config: AgentConfig, source: Source, attributors: list[Attributor] | None = None,
                  clock: Callable[[], float] = time.time, *, enrichers: Sequence[Enricher] | None = None,
-                 metrics: AgentMetrics | None = None) -> None:
+                 metrics: AgentMetrics | None = None, opener: Callable[..., Any] = open) -> None:
         self.config = config
         self.source = source
         self.clock = clock
@@ -67,11 +66,13 @@ class Agent:
         self.enrichers = list(enrichers) if enrichers is not None else default_enrichers(config, source)
         self.metrics = metrics or AgentMetrics(config.node, dcgm_names=config.metrics_dcgm_names)
         self.spool = Spool(config.spool_dir, config.spool_max_bytes, fsync=config.fsync,
-                           on_drop=self.metrics.dropped)
+                           on_drop=self.metrics.dropped, opener=opener,
+                           memory_max_bytes=config.spool_memory_max_bytes,
+                           on_disk_error=lambda e: self._disk_error("spool", e))
         self.sender = Sender(self.spool, config.collector_url, token=config.token, timeout_s=config.timeout_s,
                              backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s,
                              retry_after_max_s=config.retry_after_max_s, metrics=self.metrics)
-        self.journal = Journal(self.spool.journal_path)
+        self.journal = Journal(self.spool.journal_path, opener)
         self.boot_id = uuid.uuid4().hex
         self.seq = 0
         self._open: OpenBatch | None = None
@@ -82,6 +83,7 @@ class Agent:
         self._last_disk_log = -1e18
         self._last_cycle_log = -1e18
         self.last: Sample | None = None
+        self.progress: Any = None  # agent.progress_relay.ProgressRelay, when one listens (attach())
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -139,6 +141,8 @@ class Agent:
             sender_stop.set()
             self.sender.wake.set()
             sender.join(self.config.timeout_s + 1)
+            if self.progress is not None:  # its open windows go with the last batch
+                self.progress.flush_into(self)
             self.flush()
             self.sender.stopping = True
             self.sender.drain(SHUTDOWN_DRAIN_S)
@@ -205,7 +209,8 @@ class Agent:
         if len(self._alloc_since) > MAX_REMEMBERED_ALLOCATIONS:  # months of short jobs: forget ended ones
             self._alloc_since = {(a.gpu_uuid, a.job_id): a.since for a in allocations}
         assert self._open is not None
-        part = self._open.new_part(now, rows, s.devices, jobs.values(), allocations, s.events)
+        progress = self.progress.drain(now) if self.progress is not None else []
+        part = self._open.new_part(now, rows, s.devices, jobs.values(), allocations, s.events, progress)
         try:
             self.journal.append(part)
         except OSError as e:  # disk full or gone: keep sampling, the spool write will say more
@@ -240,39 +245,27 @@ class Agent:
             self._disk_error("journal", e)
 
     def flush(self) -> bool:
-        """Close the open batch into the spool (durably) and open the next; False if empty
-        or the disk refused it (the batch then stays open and is tried again next time)."""
+        """Close the open batch into the spool and open the next; False if it was empty. While
+        the disk refuses writes the spool holds the batch in memory (bounded, drops counted)."""
         if self._open is None or self._open.empty():
             if self._open is not None:
                 self._open_started_m = time.monotonic()
             return False
-        try:
-            self._spool(self._open)
-        except OSError as e:
-            self._disk_error("spool", e)
-            self._open_started_m = time.monotonic()
-            if self._open.n_rows > MAX_OPEN_BATCHES * self._rows_per_flush():
-                # Bounded memory: give up on this batch, counted like a full spool.
-                self.metrics.dropped(1, self._open.n_rows)
-                log.error("dropping %d rows held in memory: the spool has refused them for %d flushes",
-                          self._open.n_rows, MAX_OPEN_BATCHES)
-                self._open_batch()
-            return False
+        self._spool(self._open)
         self._open_batch()  # truncates the journal: the batch is safe in the spool now
         self._update_spool_gauges()
         self.sender.wake.set()
         return True
-
-    def _rows_per_flush(self) -> int:
-        return max(1, int(self.config.flush_s / self.config.interval_s)) * max(1, len(self._devices))
 
     def _disk_error(self, what: str, e: OSError) -> None:
         self.metrics.disk_errors.labels(what).inc()
         now = time.monotonic()
         if now - self._last_disk_log > 60:
             self._last_disk_log = now
-            log.error("cannot write the %s under %s (%s): keeping rows in memory and retrying; free space or "
-                      "fix permissions", what, self.config.spool_dir, e)
+            log.error("cannot write the %s under %s (%s): sampling goes on, batches wait in memory (%d, %.1f MiB "
+                      "of %.0f MiB) and go back to disk when it has room; free space or fix permissions", what,
+                      self.config.spool_dir, e, self.spool.memory_batches, self.spool.memory_bytes / 2**20,
+                      self.spool.memory_max_bytes / 2**20)
 
     def _spool(self, ob: OpenBatch) -> None:
         batch = ob.build(sent_at=self.clock())

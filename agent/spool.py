@@ -10,10 +10,17 @@ A batch is written to a temporary name, fsynced and renamed, so a crash leaves e
 whole file or none of it. The header keeps the batch's idempotency key, so a batch sent
 again after an agent restart still counts once at the collector. When the spool would grow
 past ``max_bytes`` the oldest batches are deleted, counted in ``dropped_*`` and logged.
+
+When the disk refuses a write (full, read-only, gone), the batch is kept in memory instead,
+in the same queue and order, so the sender can still deliver it and sampling never stops.
+That backlog is bounded by ``memory_max_bytes`` (oldest dropped first, counted like a full
+spool); each later ``put`` first moves it back to disk, oldest first, once the disk has room.
+A batch held in memory is lost if the process dies before that (the log says how many).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -23,10 +30,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".batch"
+MEMORY_MAX_BYTES = 64 * 1024 * 1024  # in-memory backlog while the disk refuses writes
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +44,15 @@ class SpoolItem:
     order: int
     rows: int
     size: int
+    data: bytes | None = None  # the whole file's bytes while the disk refuses it (held in memory)
+
+    @property
+    def in_memory(self) -> bool:
+        return self.data is not None
 
     def read(self) -> tuple[dict[str, object], bytes]:
         """(header, body): header holds ``key`` and the HTTP ``headers`` the body needs."""
-        data = self.path.read_bytes()
+        data = self.data if self.data is not None else self.path.read_bytes()
         nl = data.index(b"\n")
         return json.loads(data[:nl]), data[nl + 1 :]
 
@@ -63,13 +77,18 @@ def fsync_dir(path: Path) -> None:
 
 class Spool:
     def __init__(self, directory: Path, max_bytes: int, *, fsync: bool = True,
-                 on_drop: Callable[[int, int], None] | None = None) -> None:
+                 on_drop: Callable[[int, int], None] | None = None, opener: Callable[..., Any] = open,
+                 memory_max_bytes: int = MEMORY_MAX_BYTES,
+                 on_disk_error: Callable[[OSError], None] | None = None) -> None:
         self.dir = Path(directory)
         self.queue_dir = self.dir / "queue"
         self.dead_dir = self.dir / "dead"
         self.max_bytes = max_bytes
         self.fsync = fsync
+        self.opener = opener  # tests put a fault-injecting file layer here
         self.on_drop = on_drop  # (batches, rows) dropped because the spool was full
+        self.memory_max_bytes = memory_max_bytes
+        self.on_disk_error = on_disk_error
         self.dropped_batches = 0
         self.dropped_rows = 0
         self._lock = threading.Lock()
@@ -134,44 +153,93 @@ class Spool:
     def pending_rows(self) -> int:
         return sum(i.rows for i in self._items)
 
+    @property
+    def memory_batches(self) -> int:
+        return sum(1 for i in self._items if i.in_memory)
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(i.size for i in self._items if i.in_memory)
+
+    def _disk_bytes(self) -> int:
+        return sum(i.size for i in self._items if not i.in_memory)
+
     def __len__(self) -> int:
         return len(self._items)
 
     # --- writing -------------------------------------------------------------------------
 
     def put(self, body: bytes, headers: dict[str, str], key: str, rows: int) -> SpoolItem | None:
-        """Store one encoded batch durably; returns None when it alone exceeds the spool size."""
+        """Store one encoded batch durably (in memory while the disk refuses it); returns None
+        when it alone exceeds the spool size."""
         header = json.dumps({"key": key, "headers": headers, "rows": rows, "spooled_at": time.time()}).encode()
-        size = len(header) + 1 + len(body)
+        data = header + b"\n" + body
+        size = len(data)
         with self._lock:
             if size > self.max_bytes:
                 self._count_drop(1, rows)
                 log.error("batch %s (%d rows, %d bytes) is larger than the whole spool (%d bytes): dropped",
                           key, rows, size, self.max_bytes)
                 return None
-            self._make_room(size)
             order = max(self._items[-1].order + 1 if self._items else 1, self._next_order)
             self._next_order = order + 1
             path = self.queue_dir / f"{order:016d}-{rows}{_SUFFIX}"
-            tmp = path.with_name(path.name + ".tmp")
-            with open(tmp, "wb") as f:
-                f.write(header)
-                f.write(b"\n")
-                f.write(body)
+            item = SpoolItem(path, order, rows, size, data)
+            self._items.append(item)
+            if not self._persist_memory():
+                self._bound_memory()
+            return next((i for i in self._items if i.order == order), None)
+
+    def _persist_memory(self) -> bool:
+        """Write batches held in memory to disk, oldest first; False when the disk refused one
+        (the rest stay in memory and are tried again on the next put)."""
+        for item in [i for i in self._items if i.data is not None]:
+            self._make_room(item.size, keep=item)
+            try:
+                self._write_file(item.path, item.data)
+            except OSError as e:
+                if self.on_disk_error:
+                    self.on_disk_error(e)
+                return False
+            self._items = [SpoolItem(i.path, i.order, i.rows, i.size) if i is item else i for i in self._items]
+        return True
+
+    def _write_file(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            self.queue_dir.mkdir(parents=True, exist_ok=True)
+            with self.opener(tmp, "wb") as f:
+                f.write(data)
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
             os.replace(tmp, path)
-            if self.fsync:
-                fsync_dir(self.queue_dir)
-            item = SpoolItem(path, order, rows, size)
-            self._items.append(item)
-            return item
+        except OSError:
+            # A partial temp file holds on to the space that would let the next write through.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        if self.fsync:
+            fsync_dir(self.queue_dir)
 
-    def _make_room(self, size: int) -> None:
-        total = self.pending_bytes
-        while self._items and total + size > self.max_bytes:
-            victim = next((i for i in self._items if i.path != self._inflight), None)
+    def _bound_memory(self) -> None:
+        total = self.memory_bytes
+        while total > self.memory_max_bytes:
+            victim = next((i for i in self._items if i.in_memory and i.path != self._inflight), None)
+            if victim is None:
+                break
+            self._items.remove(victim)
+            total -= victim.size
+            self._count_drop(1, victim.rows)
+            log.error("disk under %s refuses writes and the in-memory backlog is full (%d bytes max): dropped "
+                      "batch %s (%d rows); %d rows dropped so far", self.dir, self.memory_max_bytes,
+                      victim.path.name, victim.rows, self.dropped_rows)
+
+    def _make_room(self, size: int, keep: SpoolItem | None = None) -> None:
+        total = self._disk_bytes()
+        while total + size > self.max_bytes:
+            victim = next((i for i in self._items if not i.in_memory and i.path != self._inflight
+                           and i is not keep), None)
             if victim is None:
                 break
             self._items.remove(victim)
@@ -205,8 +273,8 @@ class Spool:
         item.path.unlink(missing_ok=True)
 
     def dead_letter(self, item: SpoolItem, status: int, reason: str) -> Path:
-        """Move a permanently rejected batch aside with the collector's reason."""
-        self.dead_dir.mkdir(exist_ok=True)
+        """Move a permanently rejected batch aside with the collector's reason (on a full disk
+        only the log keeps the reason: the sender logs it)."""
         # Queue names restart when the queue empties; the time keeps dead letters apart and in order.
         target = self.dead_dir / f"{time.time_ns() // 1000:017d}-{item.path.name}"
         with self._lock:
@@ -215,11 +283,20 @@ class Spool:
                 header, _ = item.read()
             except (OSError, ValueError):
                 header = {}
-            os.replace(item.path, target)
-            with open(self.dead_dir / "reasons.jsonl", "a") as f:
-                f.write(json.dumps({"file": target.name, "key": header.get("key"), "rows": item.rows,
-                                    "status": status, "reason": reason, "at": time.time()}) + "\n")
-            self._trim_dead()
+            try:
+                self.dead_dir.mkdir(exist_ok=True)
+                if item.data is not None:
+                    target.write_bytes(item.data)
+                    item.path.unlink(missing_ok=True)  # in case it reached the disk meanwhile
+                else:
+                    os.replace(item.path, target)
+                with open(self.dead_dir / "reasons.jsonl", "a") as f:
+                    f.write(json.dumps({"file": target.name, "key": header.get("key"), "rows": item.rows,
+                                        "status": status, "reason": reason, "at": time.time()}) + "\n")
+                self._trim_dead()
+            except OSError as e:
+                item.path.unlink(missing_ok=True)  # never replayed: the collector refused it for good
+                log.error("could not keep dead letter %s under %s (%s)", target.name, self.dead_dir, e)
         return target
 
     def _trim_dead(self) -> None:
@@ -240,8 +317,8 @@ class Spool:
             reasons.write_text("".join(lines[len(lines) // 2 :]))
 
     def _remove(self, item: SpoolItem) -> None:
-        if item in self._items:
-            self._items.remove(item)
+        # By order: the copy the sender holds may have moved from memory to disk meanwhile.
+        self._items = [i for i in self._items if i.order != item.order]
         if self._inflight == item.path:
             self._inflight = None
 
