@@ -69,6 +69,51 @@ class Event(msgspec.Struct, forbid_unknown_fields=True):
     message: str = ""
 
 
+class ProgressWindow(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """10 s of one training process's own progress, folded by the agent's relay from what
+    ``gpufleet.progress`` reported (docs/progress.md). Seconds are wall seconds of that
+    process; None = not reported (unknown, never zero)."""
+
+    job_id: str
+    rank: int
+    pid: int
+    start: float
+    end: float
+    world_size: int | None = None
+    local_rank: int | None = None
+    gpu: str | None = None  # from CUDA_VISIBLE_DEVICES and LOCAL_RANK: uuid or index
+    host: str | None = None
+    steps: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    max_step: int | None = None
+    restarts: int = 0  # step counter went back inside this process
+    lost_steps: int = 0
+    tokens: int | None = None
+    samples: int | None = None
+    productive_s: float = 0.0
+    stall_s: float = 0.0  # alive, no step for far longer than usual, no span open
+    unfinished_s: float = 0.0  # the step the process was in when it disappeared
+    spans: dict[str, float] = {}  # outermost span seconds by kind
+    span_counts: dict[str, int] = {}
+    step_time_p50_s: float | None = None
+    step_time_p95_s: float | None = None
+    step_time_max_s: float | None = None
+    step_hist: dict[str, int] = {}  # log-bucket (base 1.1) -> steps, mergeable
+    last_step_ts: float | None = None
+    since_step_s: float | None = None  # at the window's end
+    open_span: str | None = None
+    open_span_s: float | None = None
+    alive: bool = True
+    ended: bool = False
+    process_start: float | None = None  # set in the process's first window
+    flops_per_step: float | None = None
+    params: int | None = None
+    dropped: int = 0  # client events lost so far (buffer full, no listener)
+    events: list[dict[str, Any]] = []
+    events_dropped: int = 0
+
+
 class Packed(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """The samples as binary columns, what agents send by default (docs/protocol.md): the
     collector turns them into arrays without a Python object per value, which is most of what
@@ -97,6 +142,7 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     samples: dict[str, list[float | int | str | None]] = {}
     events: list[Event] = []
     packed: Packed | None = None
+    progress: list[ProgressWindow] = []  # optional section: training progress (docs/progress.md)
 
     @property
     def idempotency_key(self) -> str:
