@@ -129,6 +129,54 @@ class Packed(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     job: bytes = b""  # n int32 indices into ``jobs``, -1 = no job; empty = no row has a job
 
 
+class CollectiveAgg(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """NCCL collectives of one rank folded over one window (docs/nccl.md): one row per
+    (communicator, rank, collective, message-size bucket). Times in microseconds, bandwidths in
+    GB/s as the NCCL Inspector reports them; None = not known (never zero)."""
+
+    ts: float  # window start, epoch seconds
+    comm: str  # communicator id ("0x7f8c496ae9f661")
+    rank: int
+    coll: str  # AllReduce, AllGather, ReduceScatter, ...
+    size_bucket: int  # message size rounded down to a power of two, bytes
+    count: int
+    bytes: float  # sum of message sizes
+    exec_us_p50: float
+    exec_us_p95: float
+    exec_us_max: float
+    busbw_gbs_p50: float | None = None
+    window_s: float = 10.0
+    job_id: str | None = None
+    n_ranks: int | None = None
+    n_nodes: int | None = None
+    gpu_uuid: str | None = None
+    pid: int | None = None
+    timing_source: str = ""
+
+
+class NicSample(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One InfiniBand/RoCE port over one interval: link facts and counter increases
+    (``counters``: sysfs counter name -> increase over ``interval_s``; absent = not available)."""
+
+    ts: float
+    nic: str  # "mlx5_0/1"
+    interval_s: float
+    link_layer: str = ""  # InfiniBand | Ethernet (RoCE)
+    state: str | None = None  # ACTIVE, DOWN, ...
+    rate_gbps: float | None = None
+    tx_bytes_s: float | None = None
+    rx_bytes_s: float | None = None
+    counters: dict[str, float] = {}
+
+
+class GpuNic(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Which NIC (rail) a GPU's traffic uses, and how the agent decided (pcie | numa | node)."""
+
+    gpu_uuid: str
+    nic: str
+    mode: str = "node"
+
+
 class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One flush of one agent. ``samples`` is columnar: "ts", "gpu" (uuid), "job" (id or
     None) and one column per catalog field present; every column has the same length.
@@ -143,6 +191,10 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     events: list[Event] = []
     packed: Packed | None = None
     progress: list[ProgressWindow] = []  # optional section: training progress (docs/progress.md)
+    # optional sections (docs/nccl.md): NCCL collectives, NIC health, GPU <-> NIC rails
+    collectives: list[CollectiveAgg] = []
+    nics: list[NicSample] = []
+    gpu_nics: list[GpuNic] = []
 
     @property
     def idempotency_key(self) -> str:
