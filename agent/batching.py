@@ -19,7 +19,18 @@ from typing import Any
 import msgspec
 
 from gpufleet.catalog import CATALOG
-from gpufleet.protocol import AgentInfo, Allocation, Batch, Event, GpuInfo, JobInfo, ProgressWindow
+from gpufleet.protocol import (
+    AgentInfo,
+    Allocation,
+    Batch,
+    CollectiveAgg,
+    Event,
+    GpuInfo,
+    GpuNic,
+    JobInfo,
+    NicSample,
+    ProgressWindow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +54,10 @@ class CyclePart(msgspec.Struct, array_like=True, omit_defaults=True):
     allocations: list[Allocation] = []
     events: list[Event] = []
     progress: list[ProgressWindow] = []  # training-progress windows the relay finished
+    # NCCL collectives, NIC health, GPU <-> NIC rails (agent/sources/fabric_sections.py)
+    collectives: list[CollectiveAgg] = []
+    nics: list[NicSample] = []
+    gpu_nics: list[GpuNic] = []
 
 
 class OpenBatch:
@@ -57,6 +72,9 @@ class OpenBatch:
         self.allocations: dict[tuple[str, str], Allocation] = {}
         self.events: list[Event] = []
         self.progress: list[ProgressWindow] = []
+        self.collectives: list[CollectiveAgg] = []
+        self.nics: list[NicSample] = []
+        self.gpu_nics: dict[tuple[str, str], GpuNic] = {}
 
     def new_part(self, ts: float, rows: list[Row], gpus: Iterable[GpuInfo], jobs: Iterable[JobInfo],
                  allocations: Iterable[Allocation], events: list[Event],
@@ -79,13 +97,16 @@ class OpenBatch:
             self.allocations[(a.gpu_uuid, a.job_id)] = a
         self.events.extend(part.events)
         self.progress.extend(part.progress)
+        self.collectives.extend(part.collectives)
+        self.nics.extend(part.nics)
+        self.gpu_nics.update(((g.gpu_uuid, g.nic), g) for g in part.gpu_nics)
 
     @property
     def n_rows(self) -> int:
         return len(self.rows)
 
     def empty(self) -> bool:
-        return not self.rows and not self.events and not self.progress
+        return not self.rows and not self.events and not self.progress and not self.collectives and not self.nics
 
     def build(self, sent_at: float) -> Batch:
         present: set[str] = set()
@@ -107,7 +128,8 @@ class OpenBatch:
         agent = msgspec.structs.replace(self.agent, sent_at=sent_at)
         return Batch(agent=agent, gpus=list(self.gpus.values()), jobs=list(self.jobs.values()),
                      allocations=list(self.allocations.values()), samples=cols if self.rows else {},
-                     events=list(self.events), progress=list(self.progress))
+                     events=list(self.events), progress=list(self.progress), collectives=list(self.collectives),
+                     nics=list(self.nics), gpu_nics=list(self.gpu_nics.values()))
 
 
 # --- the journal -------------------------------------------------------------------------

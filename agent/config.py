@@ -47,6 +47,8 @@ class AgentConfig:
     gpus_per_node: int = 8
     dcgm_exporter_url: str = "http://localhost:9400/metrics"
     infiniband: bool = True  # add IB/RoCE rates from sysfs when HCAs exist
+    nic_health: bool = True  # IB/RoCE port errors, congestion, rate and state every 10 s (docs/nccl.md)
+    nccl_inspector_dir: Path | None = None  # NCCL Inspector output, searched recursively (docs/nccl.md)
     gpm: bool = True  # Hopper+ GPM profiling metrics through NVML
     xid_events: bool = True
     # attribution (comma list in env/flags): slurm, kubernetes, process; "auto" = all that apply

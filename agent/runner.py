@@ -24,6 +24,7 @@ from .config import AgentConfig
 from .metrics import AgentMetrics
 from .sender import Sender
 from .sources.base import GpuReading, Source, SourceAttribution
+from .sources.fabric_sections import build_fabric
 from .spool import Spool
 
 __all__ = ["Agent", "AgentConfig", "Sample"]
@@ -84,6 +85,8 @@ class Agent:
         self._last_cycle_log = -1e18
         self.last: Sample | None = None
         self.progress: Any = None  # agent.progress_relay.ProgressRelay, when one listens (attach())
+        # NCCL collectives, NIC health, GPU <-> NIC rails (agent/sources/fabric_sections.py)
+        self.fabric: Any = build_fabric(config, source)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -211,10 +214,15 @@ class Agent:
         assert self._open is not None
         progress = self.progress.drain(now) if self.progress is not None else []
         part = self._open.new_part(now, rows, s.devices, jobs.values(), allocations, s.events, progress)
+        if self.fabric is not None:
+            self.fabric.fill(part, now, s.devices, s.readings)
         try:
             self.journal.append(part)
         except OSError as e:  # disk full or gone: keep sampling, the spool write will say more
             self._disk_error("journal", e)
+        else:
+            if self.fabric is not None:  # journaled: the Inspector offsets may move past it
+                self.fabric.committed()
         self._open.add(part)
         m = self.metrics
         m.cycles.inc()

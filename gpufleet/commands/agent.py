@@ -55,6 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
       help="also expose DCGM_FI_* names on /metrics (stand in for dcgm-exporter) [GPUFLEET_METRICS_DCGM_NAMES]")
     a("--no-infiniband", dest="infiniband", action="store_const", const=False,
       help="do not read IB/RoCE counters from sysfs [GPUFLEET_INFINIBAND=0]")
+    a("--nccl-inspector-dir", type=Path, metavar="DIR",
+      help="read NCCL Inspector files (JSON or Prometheus) found under DIR, recursively; a nccl-inspector-<jobid> "
+           "directory names its job (docs/nccl.md) [GPUFLEET_NCCL_INSPECTOR_DIR]")
+    a("--no-nic-health", dest="nic_health", action="store_const", const=False,
+      help="do not read IB/RoCE port errors, congestion, rate and state [GPUFLEET_NIC_HEALTH=0]")
     a("--no-gpm", dest="gpm", action="store_const", const=False, help="skip NVML GPM metrics [GPUFLEET_GPM=0]")
     a("--once", action="store_true", default=_env_flag("GPUFLEET_ONCE"),
       help="take one sample (two for rates), then exit [GPUFLEET_ONCE=1]")
@@ -72,7 +77,7 @@ def _env_flag(name: str) -> bool:
 _SETTINGS = ("collector_url", "token", "node", "cluster", "source", "simulate", "gpus_per_node", "dcgm_exporter_url",
              "interval_s", "flush_s", "spool_dir", "spool_max_bytes", "attributors", "slurm_mapping_dir",
              "gpustat_dir", "kubelet_socket", "metrics_port", "metrics_addr", "metrics_dcgm_names", "infiniband",
-             "gpm")
+             "gpm", "nccl_inspector_dir", "nic_health")
 
 
 def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Any:

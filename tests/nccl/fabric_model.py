@@ -119,8 +119,9 @@ class TrainingJob:
     def pid_of(self, rank: int) -> int:
         return 40000 + rank
 
-    def records(self, until: float | None = None):
-        """Yield (rank, record dict) in time order, as the ranks' dump threads would write them."""
+    def records(self, until: float | None = None, since: float | None = None):
+        """Yield (rank, record dict) in time order, as the ranks' dump threads would write them:
+        the steps that start in [since, until). The same seed gives the same job."""
         rng = random.Random(self.seed)
         comms = self.comms()
         dp = comms[0]
@@ -154,6 +155,8 @@ class TrainingJob:
                 done = max(arrive.values()) + t_us
                 for r in comm.ranks:
                     exec_us = done - arrive[r] + abs(rng.gauss(0, 5.0))
+                    if since is not None and t < since:
+                        continue
                     algbw = size / (exec_us * 1e3)
                     k = (comm.comm_id, r)
                     sn[k] = sn.get(k, 0) + 1
@@ -182,13 +185,13 @@ class TrainingJob:
         return self.dump_dir(root) / f"{self.node_of(rank)}-pid{self.pid_of(rank)}.log"
 
     def write_json(self, root: Path, *, verbose: bool = False, until: float | None = None,
-                   nodes: set[str] | None = None) -> int:
+                   since: float | None = None, nodes: set[str] | None = None) -> int:
         """Write (append) the JSON lines; returns the number of records written."""
         self.dump_dir(root).mkdir(parents=True, exist_ok=True)
         handles: dict[int, object] = {}
         n = 0
         try:
-            for rank, rec in self.records(until):
+            for rank, rec in self.records(until, since):
                 if nodes is not None and self.node_of(rank) not in nodes:
                     continue
                 f = handles.get(rank)
