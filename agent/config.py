@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 GIB = 1024**3
 SOURCES = ("nvml", "dcgm-exporter", "simulator")
@@ -43,7 +43,7 @@ class AgentConfig:
     spool_memory_max_bytes: int = 64 * 1024**2  # batches held in memory while the disk refuses writes
     # sources
     source: str = "auto"  # nvml | dcgm-exporter | simulator | auto (nvml when a GPU answers)
-    simulate: int = 0  # simulated nodes (with source=simulator); this agent is node 0 unless `node` names one
+    simulate: int = 0  # simulated nodes (with source=simulator): named after `node` when it is set, else sim-node-NNN
     gpus_per_node: int = 8
     dcgm_exporter_url: str = "http://localhost:9400/metrics"
     infiniband: bool = True  # add IB/RoCE rates from sysfs when HCAs exist
@@ -73,6 +73,9 @@ class AgentConfig:
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     metrics_dcgm_names: bool = False  # also expose DCGM_FI_* names, to stand in for dcgm-exporter
+    # Whether `node` came from a flag, the environment or a file rather than the hostname
+    # default (set by load_config; not a setting): simulated nodes take their names from it.
+    node_given: ClassVar[bool] = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting and what to do about it."""
@@ -100,6 +103,47 @@ ENV_ALIASES = {"collector_url": ("GPUFLEET_COLLECTOR_URL", "GPUFLEET_COLLECTOR")
 
 def env_name(name: str) -> str:
     return ENV_ALIASES.get(name, (ENV_PREFIX + name.upper(),))[0]
+
+
+# One line per setting for docs/configuration.md (``gpufleet config docs``); a test fails when a
+# field has none. Defaults that depend on the machine say so here instead of showing a value.
+FIELD_DOCS: dict[str, str] = {
+    "collector_url": "collector base URL",
+    "token": "bearer token (`gpufleet token create --role agent`); a secret",
+    "node": "node name (default: the hostname)",
+    "cluster": "cluster name",
+    "interval_s": "sample period",
+    "flush_s": "batch period (>= interval_s)",
+    "spool_dir": "durable spool (default `/var/lib/gpufleet/spool` as root, else `~/.cache/gpufleet/spool`)",
+    "spool_max_bytes": "spool size bound: the oldest batches are dropped (and counted) beyond it",
+    "spool_memory_max_bytes": "batches held in memory while the disk refuses writes",
+    "source": "`nvml`, `dcgm-exporter`, `simulator` or `auto` (NVML when a GPU answers)",
+    "simulate": "simulated nodes (with source simulator)",
+    "gpus_per_node": "GPUs per simulated node",
+    "dcgm_exporter_url": "dcgm-exporter `/metrics` URL (source dcgm-exporter)",
+    "infiniband": "add IB/RoCE rates from sysfs when HCAs exist",
+    "nic_health": "IB/RoCE port errors, congestion, rate and state every 10 s (docs/nccl.md)",
+    "nccl_inspector_dir": "NCCL Inspector output, searched recursively (docs/nccl.md)",
+    "gpm": "Hopper+ GPM profiling metrics through NVML",
+    "xid_events": "XID error events through NVML",
+    "attributors": "comma list of `slurm`, `kubernetes`, `process`, or `auto` / `none`",
+    "slurm_mapping_dir": "job mapping dir the Slurm prolog writes (scripts/slurm/prolog.sh)",
+    "gpustat_dir": "Princeton jobstats-style `/run/gpustat` dir",
+    "kubelet_socket": "kubelet pod-resources socket",
+    "proc_root": "where /proc is (tests, containers)",
+    "sys_root": "where /sys is (tests, containers)",
+    "attribution_ttl_s": "re-ask the kubelet / re-read /proc at most this often",
+    "timeout_s": "HTTP timeout per push",
+    "backoff_base_s": "first retry delay after a failed push (doubles up to backoff_max_s)",
+    "backoff_max_s": "longest retry delay",
+    "retry_after_max_s": "largest Retry-After the agent honours",
+    "compress": "`zstd`, `gzip` or `none`",
+    "packed": "samples as binary columns (docs/protocol.md); false only for a collector older than the packed form",
+    "fsync": "fsync spool files: survives power loss, costs one fsync per flush",
+    "metrics_port": "serve the agent's `/metrics` on this port (unset = off)",
+    "metrics_addr": "address for `/metrics`",
+    "metrics_dcgm_names": "also expose `DCGM_FI_*` names on `/metrics` (stand in for dcgm-exporter)",
+}
 
 
 def _hints() -> dict[str, Any]:
@@ -179,5 +223,6 @@ def load_config(file: Path | None = None, env: Mapping[str, str] | None = None,
     if overrides:
         merged.update(from_mapping({k: v for k, v in overrides.items() if v is not None}, "flags"))
     cfg = AgentConfig(**merged)
+    cfg.node_given = "node" in merged  # type: ignore[misc]  # per instance, see AgentConfig.node_given
     cfg.validate()
     return cfg

@@ -521,12 +521,19 @@ class SimulatedFleet:
     start_ts: float = 0.0
     node_prefix: str = "sim-node"
     jobs: list[SimJob] = field(default_factory=list)
+    # The agent's --node: one simulated node takes it as is, several are <node>-000, -001, ...
+    # Without it every simulated agent would be sim-node-NNN and two of them would clash (409).
+    node_name: str | None = None
 
     def __post_init__(self) -> None:
         if not self.jobs:
             self.jobs = place_jobs(self.node_names(), self.gpus_per_node, self.seed, self.start_ts)
 
     def node_names(self) -> list[str]:
+        if self.node_name:
+            if self.nodes == 1:
+                return [self.node_name]
+            return [f"{self.node_name}-{i:03d}" for i in range(self.nodes)]
         return [f"{self.node_prefix}-{i:03d}" for i in range(self.nodes)]
 
     def source(self, node: str) -> SimulatedSource:

@@ -21,7 +21,8 @@ def open_source(cfg: AgentConfig) -> list[tuple[str, Source]]:
 
         from ..simulator import SimulatedFleet
 
-        fleet = SimulatedFleet(nodes=max(1, cfg.simulate), gpus_per_node=cfg.gpus_per_node, start_ts=time.time())
+        fleet = SimulatedFleet(nodes=max(1, cfg.simulate), gpus_per_node=cfg.gpus_per_node, start_ts=time.time(),
+                               node_name=cfg.node if cfg.node_given else None)
         return [(n, fleet.source(n)) for n in fleet.node_names()]
     if kind == "dcgm-exporter":
         from .dcgm_exporter import DcgmExporterSource

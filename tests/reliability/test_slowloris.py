@@ -1,0 +1,195 @@
+"""Issue 18 item 12: header and body read timeouts, over real sockets against real uvicorn.
+
+A slowloris client (headers one byte at a time, or a body that trickles) is cut off after the
+deadline; a normal client on the same server is served. The last test runs `gpufleet serve` and
+`gpufleet up`'s uvicorn configuration the way production does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from gpufleet.api.http_timeouts import BodyTimeout, ReadTimeouts, TimedH11Protocol, TimedHttpToolsProtocol
+
+from ..agent.conftest import free_port, wait_port
+
+REPO = Path(__file__).resolve().parents[2]
+PROTOCOLS = [TimedH11Protocol] + ([TimedHttpToolsProtocol] if TimedHttpToolsProtocol is not None else [])
+
+
+async def _echo(scope, receive, send):  # type: ignore[no-untyped-def]
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    body = b""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"got %d" % len(body)})
+
+
+@contextlib.contextmanager
+def _server(protocol: type, timeouts: ReadTimeouts) -> Iterator[int]:
+    port = free_port()
+    protocol.header_timeout_s = timeouts.header_timeout_s  # type: ignore[attr-defined]
+    cfg = uvicorn.Config(BodyTimeout(_echo, timeouts), host="127.0.0.1", port=port, http=protocol,
+                         log_level="warning", lifespan="on")
+    server = uvicorn.Server(cfg)
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    try:
+        wait_port(port)
+        yield port
+    finally:
+        server.should_exit = True
+        t.join(10)
+        protocol.header_timeout_s = ReadTimeouts().header_timeout_s  # type: ignore[attr-defined]
+
+
+def _closed_by_server(s: socket.socket, within: float) -> tuple[bool, bytes]:
+    """Whether the server closed the socket within ``within`` s, and what it said first."""
+    s.settimeout(within)
+    got = b""
+    try:
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                return True, got
+            got += chunk
+    except TimeoutError:
+        return False, got
+    except ConnectionResetError:
+        return True, got
+
+
+def _get(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        return _closed_by_server(s, 5)[1]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
+def test_slow_headers_are_cut_off(protocol: type) -> None:
+    with _server(protocol, ReadTimeouts(header_timeout_s=0.5)) as port:
+        conns = []
+        for _ in range(50):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: local")  # and never the rest
+            conns.append(s)
+        idle = socket.create_connection(("127.0.0.1", port), timeout=5)  # says nothing at all
+        t0 = time.monotonic()
+        for s in conns:
+            closed, said = _closed_by_server(s, 5)
+            assert closed, "a connection with unfinished headers stayed open"
+            assert said.startswith(b"HTTP/1.1 408")
+            s.close()
+        assert _closed_by_server(idle, 5)[0]
+        idle.close()
+        assert time.monotonic() - t0 < 4
+        assert b"200 OK" in _get(port), "a normal client is still served"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
+def test_trickling_headers_do_not_reset_the_deadline(protocol: type) -> None:
+    with _server(protocol, ReadTimeouts(header_timeout_s=0.8)) as port:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        t0 = time.monotonic()
+        closed = False
+        with contextlib.suppress(OSError):
+            for ch in b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 100:
+                s.send(bytes([ch]))
+                time.sleep(0.1)
+                if time.monotonic() - t0 > 3:
+                    break
+        closed = _closed_by_server(s, 2)[0]
+        s.close()
+        assert closed and time.monotonic() - t0 < 3.5
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
+def test_keep_alive_connection_gets_a_fresh_header_deadline(protocol: type) -> None:
+    with _server(protocol, ReadTimeouts(header_timeout_s=0.6)) as port, \
+            socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        for _ in range(3):  # three requests on one connection, each well within its deadline
+            time.sleep(0.3)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            s.settimeout(2)
+            assert b"200 OK" in s.recv(4096)
+        assert _closed_by_server(s, 3)[0], "then idle past the deadline: closed"
+
+
+def test_stalled_body_gets_408() -> None:
+    t = ReadTimeouts(header_timeout_s=5, body_idle_s=0.5)
+    with _server(TimedH11Protocol, t) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+            closed, said = _closed_by_server(s, 4)
+        assert closed and said.startswith(b"HTTP/1.1 408"), said
+        assert b"no request body bytes" in said
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+            assert b"got 5" in _closed_by_server(s, 4)[1], "a body that arrives is read in full"
+
+
+def test_trickling_body_under_the_minimum_rate_gets_408() -> None:
+    t = ReadTimeouts(header_timeout_s=5, body_idle_s=2, body_min_rate=100, body_grace_s=0.5)
+    with _server(TimedH11Protocol, t) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n")
+            t0 = time.monotonic()
+            with contextlib.suppress(OSError):
+                while time.monotonic() - t0 < 4:
+                    s.send(b"x")  # 10 B/s: each chunk well inside the idle limit
+                    time.sleep(0.1)
+            closed, said = _closed_by_server(s, 2)
+        assert closed and b"408" in said and b"B/s" in said
+
+
+@pytest.mark.slow
+def test_gpufleet_serve_cuts_slowloris_off(sqlite_url: str, tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "gpufleet.cli", "migrate", "--database-url", sqlite_url], check=True,
+                   cwd=REPO, capture_output=True, timeout=120)
+    port = free_port()
+    env = {**os.environ, "GPUFLEET_HTTP_HEADER_TIMEOUT_S": "1", "GPUFLEET_HTTP_BODY_IDLE_S": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "serve", "--database-url", sqlite_url,
+                             "--port", str(port), "--allow-anonymous"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc=proc)
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
+        for s in conns:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ")
+        t0 = time.monotonic()
+        still_open = sum(1 for s in conns if not _closed_by_server(s, max(0.05, 4 - (time.monotonic() - t0)))[0])
+        for s in conns:
+            s.close()
+        assert still_open == 0, f"{still_open} of 200 slowloris connections still open after 4 s"
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST /api/v1/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n"
+                      b"Content-Type: application/json\r\n\r\n{")
+            closed, said = _closed_by_server(s, 5)
+        assert closed and said.startswith(b"HTTP/1.1 408"), said
+        assert said.count(b"HTTP/1.1") == 1, "one answer per request"
+    finally:
+        proc.terminate()
+        proc.wait(15)
