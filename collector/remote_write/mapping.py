@@ -1,0 +1,250 @@
+"""Remote-write series -> protocol v1 batches: pure logic, no HTTP and no database.
+
+A series is recognised once (``SeriesMap``: labels bytes -> ``Mapped`` or the reason it is
+ignored) and then found by a dict lookup. Samples are regrouped into one row per (GPU,
+timestamp) with the fields present and one ``Batch`` per node, keyed for idempotency by the
+request body's digest and the node's position in it: Prometheus retries a failed request
+with the very same bytes, so a retry carries the same keys and is acknowledged as a duplicate
+instead of being stored twice (docs/prometheus.md, "Idempotency").
+
+What is not a reading is never turned into one: NaN (Prometheus' staleness marker included),
+a value outside the catalog's range, a counter's first sample (no rate yet) or a counter
+reset all leave the field missing for that row, and are counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gpufleet import dcgm
+from gpufleet.catalog import Field
+from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo
+
+from .wire import COUNTER, WriteRequest, labels_of
+
+# Label names that name the node, most explicit first. dcgm-exporter's own is ``Hostname``;
+# a relabel rule (or kube-prometheus' ``node``) overrides it.
+NODE_LABELS = ("gpufleet_node", "node", "kubernetes_node", "Hostname", "instance")
+# NCCL Inspector's Prometheus mode (node-exporter textfile collector): recognised by prefix.
+NCCL_PREFIX = "nccl_"
+SERIES_CACHE_MAX = 200_000
+VERSION = "remote-write"
+
+
+@dataclass(frozen=True, slots=True)
+class Mapped:
+    """What a recognised GPU series is: its catalog field (or an FB extra), GPU, node, job."""
+
+    name: str
+    field: Field | None  # None: FB_FREE / FB_RESERVED (only used to derive the memory total)
+    gpu: dcgm.GpuIdentity
+    node: str
+    job: JobInfo | None
+    total_suffix: bool  # named *_total: a counter whatever the metadata says
+
+
+# Why a series is ignored (the /metrics label and the answer's counts).
+NOT_GPU_METRIC = "not_gpu_metric"
+NO_GPU_IDENTITY = "no_gpu_identity"
+NO_NODE = "no_node"
+NCCL_NOT_STORED = "nccl_recognised_not_stored"
+BAD_LABELS = "bad_labels"
+
+
+def map_series(labels: dict[str, str]) -> Mapped | str:
+    name = labels.get("__name__", "")
+    f = dcgm.field_for(name)
+    if f is None and name not in dcgm.FB_EXTRA:
+        return NCCL_NOT_STORED if name.startswith(NCCL_PREFIX) else NOT_GPU_METRIC
+    ident = dcgm.gpu_identity(labels)
+    if ident is None:
+        return NO_GPU_IDENTITY
+    node = ""
+    for k in NODE_LABELS:
+        node = labels.get(k, "").strip()
+        if node:
+            break
+    if node and node == labels.get("instance", "").strip() and ":" in node:
+        node = node.rsplit(":", 1)[0]  # instance is host:port
+    if not node:
+        return NO_NODE
+    return Mapped(name, f, ident, node, dcgm.job_from_labels(labels), name.endswith("_total"))
+
+
+class SeriesMap:
+    """Labels bytes -> Mapped | reason, bounded (cleared when full: a cache, not state)."""
+
+    def __init__(self, max_entries: int = SERIES_CACHE_MAX) -> None:
+        self.max_entries = max_entries
+        self._d: dict[bytes, Mapped | str] = {}
+
+    def get(self, key: bytes) -> Mapped | str:
+        hit = self._d.get(key)
+        if hit is None:
+            try:
+                hit = map_series(labels_of(key))
+            except ValueError:
+                hit = BAD_LABELS
+            if len(self._d) >= self.max_entries:
+                self._d.clear()
+            self._d[key] = hit
+        return hit
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+@dataclass
+class RateState:
+    """The last raw value of every counter series (per process): a counter's rate needs the
+    sample before it, which arrived in an earlier request. Updated only after a request is
+    stored, so a retried request computes exactly the rates the first attempt did."""
+
+    last: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+    counter_families: dict[str, bool] = field(default_factory=dict)  # from WriteRequest metadata
+    max_entries: int = 500_000
+
+    def commit(self, updates: dict[tuple[str, str, str], tuple[float, float]]) -> None:
+        if len(self.last) + len(updates) > self.max_entries:
+            self.last.clear()
+        for k, v in updates.items():
+            old = self.last.get(k)
+            if old is None or v[0] > old[0]:
+                self.last[k] = v
+
+
+@dataclass
+class Conversion:
+    batches: list[Batch]
+    series: int = 0
+    samples: int = 0
+    stored_values: int = 0
+    ignored: Counter[str] = field(default_factory=Counter)  # series by reason
+    dropped: Counter[str] = field(default_factory=Counter)  # samples by reason
+    rate_updates: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, object]:
+        return {"series": self.series, "samples": self.samples, "values": self.stored_values,
+                "rows": sum(b.n_rows() for b in self.batches), "nodes": len(self.batches),
+                "ignored_series": dict(self.ignored), "dropped_samples": dict(self.dropped)}
+
+
+@dataclass
+class _Node:
+    gpus: dict[str, dcgm.GpuIdentity] = field(default_factory=dict)
+    rows: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
+    jobs: dict[tuple[str, int], JobInfo] = field(default_factory=dict)
+    fb: dict[str, dict[str, float]] = field(default_factory=dict)  # uuid -> FB extras / used / total
+
+
+def convert(req: WriteRequest, series_map: SeriesMap, rates: RateState, *, cluster: str, digest: str,
+            now: float, max_age_s: float | None, max_future_s: float, max_rows: int) -> Conversion:
+    """The request's GPU samples as per-node batches (``digest`` keys them, see module doc)."""
+    for fam, kind in req.metadata.items():
+        rates.counter_families[fam] = kind == COUNTER
+    conv = Conversion([])
+    nodes: dict[str, _Node] = {}
+    lo = -math.inf if max_age_s is None else (now - max_age_s) * 1000.0
+    hi = (now + max_future_s) * 1000.0
+    pending = conv.rate_updates
+    families = rates.counter_families
+    for s in req.series:
+        conv.series += 1
+        conv.samples += len(s.samples)
+        m = series_map.get(s.key)
+        if isinstance(m, str):
+            conv.ignored[m] += 1
+            continue
+        if s.histograms:
+            conv.dropped["histogram"] += s.histograms
+        f = m.field
+        uuid = m.gpu.uuid
+        node = nodes.get(m.node)
+        if node is None:
+            node = nodes[m.node] = _Node()
+        node.gpus.setdefault(uuid, m.gpu)
+        is_rate = f is not None and f.unit.endswith("/s") and (
+            m.total_suffix or families.get(m.name, False) or families.get(m.name.removesuffix("_total"), False))
+        for ts_ms, raw in s.samples:
+            if raw != raw:  # NaN, Prometheus' staleness marker among them: no reading
+                conv.dropped["nan_or_stale"] += 1
+                continue
+            if ts_ms < lo:
+                conv.dropped["too_old"] += 1
+                continue
+            if ts_ms > hi:
+                conv.dropped["in_future"] += 1
+                continue
+            if f is None:  # framebuffer free / reserved, MiB
+                node.fb.setdefault(uuid, {})[m.name] = raw * dcgm.MIB
+                continue
+            if is_rate:
+                k = (cluster, uuid, f.name)
+                t = ts_ms / 1000.0
+                prev = pending.get(k) or rates.last.get(k)
+                pending[k] = (t, raw)
+                if prev is None or t <= prev[0]:
+                    conv.dropped["counter_first_sample"] += 1
+                    continue
+                if raw < prev[1]:
+                    conv.dropped["counter_reset"] += 1
+                    continue
+                value = (raw - prev[1]) / (t - prev[0]) * f.dcgm_scale
+            else:
+                value = raw * f.dcgm_scale
+            if f.check(value) is not None or (f.dtype == "i8" and value != int(value)):
+                conv.dropped["outside_catalog_range"] += 1
+                continue
+            key = (uuid, ts_ms)
+            row = node.rows.get(key)
+            if row is None:
+                row = node.rows[key] = {}
+            if m.job is not None and key not in node.jobs:
+                node.jobs[key] = m.job
+            row[f.name] = value
+            conv.stored_values += 1
+            if f.name in ("fb_used_bytes", "fb_total_bytes"):
+                node.fb.setdefault(uuid, {})[f.name] = value
+    for i, name in enumerate(sorted(nodes)):
+        conv.batches.extend(_batches(name, nodes[name], cluster, digest, i, now, max_rows))
+    return conv
+
+
+def _memory_total(fb: dict[str, float] | None) -> float | None:
+    if not fb:
+        return None
+    if "fb_total_bytes" in fb:
+        return fb["fb_total_bytes"]
+    if "fb_used_bytes" in fb and dcgm.FB_FREE in fb:
+        return fb["fb_used_bytes"] + fb[dcgm.FB_FREE] + fb.get(dcgm.FB_RESERVED, 0.0)
+    return None
+
+
+def _batches(node: str, n: _Node, cluster: str, digest: str, ordinal: int, now: float,
+             max_rows: int) -> list[Batch]:
+    if not n.rows:
+        return []
+    gpus = [GpuInfo(index=g.index, uuid=g.uuid, model=g.model, mig_profile=g.mig_profile,
+                    parent_uuid=g.parent_uuid, memory_total_bytes=_memory_total(n.fb.get(u)))
+            for u, g in sorted(n.gpus.items())]
+    keys = sorted(n.rows)
+    out = []
+    # Rows beyond the per-batch limit go in further batches; seq keeps every key distinct and
+    # stable: ordinal * 2^20 + chunk (a request never holds 2^20 chunks for one node).
+    for c in range(0, len(keys), max_rows):
+        chunk = keys[c:c + max_rows]
+        fields = sorted({f for k in chunk for f in n.rows[k]})
+        samples: dict[str, list[float | int | str | None]] = {
+            "ts": [k[1] / 1000.0 for k in chunk], "gpu": [k[0] for k in chunk]}
+        jobs_col = [n.jobs[k].job_id if k in n.jobs else None for k in chunk]
+        if any(j is not None for j in jobs_col):
+            samples["job"] = list(jobs_col)
+        for fname in fields:
+            samples[fname] = [n.rows[k].get(fname) for k in chunk]
+        jobs = list({n.jobs[k].job_id: n.jobs[k] for k in chunk if k in n.jobs}.values())
+        out.append(Batch(agent=AgentInfo(boot_id=f"rw-{digest}", seq=(ordinal << 20) + c // max_rows, node=node,
+                                         cluster=cluster, version=VERSION, sent_at=now),
+                         gpus=gpus, jobs=jobs, samples=samples))
+    return out

@@ -1,0 +1,209 @@
+"""``POST /api/v1/write``: one remote-write request, independent of the HTTP framework.
+
+The answers follow Prometheus' retry rules (docs/prometheus.md):
+
+- 2xx: stored (or a duplicate of a request stored before). Series that are not GPU metrics,
+  NaN/staleness markers and values outside the catalog are counted and ignored: they could
+  never be stored, and a 4xx would make the sender drop the good series of the same request.
+- 4xx, never retried by the sender: the request itself can never be stored as sent: no or a
+  wrong token (401/403), a node-pinned token (403: a remote-write stream carries many nodes),
+  a body that is not snappy-compressed protobuf (400/415), too large (413), or a GPU the
+  database assigns to another node (409, from the write path); the detail says which.
+- 503 + Retry-After, retried: the write queue is full or the database is unavailable. Batches
+  of the request already committed are acknowledged as duplicates when the retry arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+
+from gpufleet.protocol import ProtocolError
+from gpufleet.storage import tokens
+
+from . import wire
+from .mapping import Conversion, RateState, SeriesMap, convert
+
+log = logging.getLogger(__name__)
+_json = msgspec.json.Encoder()
+
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
+BodyReader = Callable[[], AsyncIterator[bytes]]
+PROTOBUF = "application/x-protobuf"
+
+
+def _answer(status: int, detail: str, retry_after: int | None = None) -> Answer:
+    extra: list[tuple[bytes, bytes]] = []
+    if retry_after is not None:
+        extra.append((b"retry-after", str(retry_after).encode("latin-1")))
+    if status == 401:
+        extra.append((b"www-authenticate", b"Bearer"))
+    return status, _json.encode({"detail": detail}), extra
+
+
+class Stats:
+    """Counters for /metrics (``metrics.RemoteWriteCollector``) and the answers' debugging."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: Counter[int] = Counter()  # by status
+        self.ignored: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
+        self.samples = 0
+        self.rows = 0
+        self.duplicate_batches = 0
+
+    def add(self, status: int, conv: Conversion | None = None, rows: int = 0, dupes: int = 0) -> None:
+        with self.lock:
+            self.requests[status] += 1
+            if conv is not None and status < 300:
+                self.ignored.update(conv.ignored)
+                self.dropped.update(conv.dropped)
+                self.samples += conv.samples
+                self.rows += rows
+                self.duplicate_batches += dupes
+
+
+class Receiver:
+    """Per-process remote-write state: the series map, counter rates, stats. ``coll`` is the
+    process's ``collector.routes.Collector`` (auth, config, write queue)."""
+
+    def __init__(self, coll: Any) -> None:
+        self.coll = coll
+        self.series = SeriesMap()
+        self.rates = RateState()
+        self.stats = Stats()
+        self._convert_lock = asyncio.Lock()
+
+    async def handle(self, headers: dict[bytes, str], read_body: BodyReader, cluster_param: str | None) -> Answer:
+        status, body, extra = await self._handle(headers, read_body, cluster_param)
+        if status >= 300:
+            self.stats.add(status)
+        return status, body, extra
+
+    async def _handle(self, h: dict[bytes, str], read_body: BodyReader, cluster_param: str | None) -> Answer:
+        coll = self.coll
+        try:
+            who = await coll.authorize(h.get(b"authorization"), "agent")
+        except tokens.AuthError as e:
+            return _answer(e.status, e.detail)
+        if who.node is not None:
+            return _answer(403, f"token {who.name!r} is pinned to node {who.node!r}; remote write carries many "
+                                "nodes: use a cluster-scoped token (gpufleet token create NAME --role agent "
+                                "--cluster C)")
+        cluster = who.cluster or (cluster_param or "").strip() or "default"
+        if who.cluster is not None and cluster_param and cluster_param != who.cluster:
+            return _answer(403, f"token {who.name!r} may write cluster {who.cluster!r}, not {cluster_param!r}")
+        ctype = (h.get(b"content-type") or PROTOBUF).lower()
+        if ctype.split(";")[0].strip() != PROTOBUF:
+            return _answer(415, f"unsupported Content-Type {ctype!r}: remote write sends {PROTOBUF}")
+        if "io.prometheus.write.v2" in ctype:
+            return _answer(415, "remote write 2.0 (io.prometheus.write.v2.Request) is not supported yet: "
+                                "send 1.0 (protobuf_message: prometheus.WriteRequest)")
+        enc = (h.get(b"content-encoding") or "").strip().lower()
+        if enc != "snappy":
+            return _answer(415, f"unsupported Content-Encoding {enc or 'none'!r}: remote write bodies are snappy")
+        limit = int(_http(coll).max_body_bytes)
+        body = await _read_body(read_body, limit, h.get(b"content-length"))
+        if not isinstance(body, bytes):
+            return body
+        try:
+            raw = wire.unsnappy(body, max_size=limit)
+            req = wire.decode(raw)
+        except ProtocolError as e:
+            return _answer(413 if "exceeds" in str(e) else 400, str(e))
+        cfg = coll.config
+        now = time.time()
+        # Same request bytes -> same keys: a retry after a lost answer is a duplicate.
+        digest = hashlib.blake2b(raw, digest_size=12, person=b"gpufleet-rw", key=cluster.encode()[:64]).hexdigest()
+        async with self._convert_lock:  # the rate state is shared by concurrent requests
+            conv = convert(req, self.series, self.rates, cluster=cluster, digest=digest, now=now,
+                           max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s,
+                           max_rows=int(_http(coll).max_rows_per_batch))
+        answer = await self._store(conv, now)
+        return answer
+
+    async def _store(self, conv: Conversion, now: float) -> Answer:
+        from gpufleet.collector.columns import prepare
+        from gpufleet.collector.errors import BatchRejected
+        from gpufleet.collector.validate import check_batch
+        from gpufleet.collector.writer import Overloaded, Unavailable
+
+        coll = self.coll
+        cfg = coll.config
+        futs: list[asyncio.Future[Any]] = []
+        rejected: list[tuple[int, str]] = []
+        busy: str | None = None
+        for b in conv.batches:
+            try:
+                prep = prepare(b)
+                check_batch(b, prep, now, max_rows=int(_http(coll).max_rows_per_batch),
+                            max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s)
+                futs.append(coll.writer.submit(prep))
+            except BatchRejected as e:
+                rejected.append((e.status, f"node {b.agent.node!r}: {e.detail}"))
+            except (Overloaded, Unavailable) as e:
+                busy = str(e)
+                break
+        rows = dupes = 0
+        for fut in futs:
+            try:
+                res = await fut
+            except BatchRejected as e:
+                rejected.append((e.status, e.detail))
+                continue
+            except Unavailable as e:
+                busy = str(e)
+                continue
+            except Exception:
+                log.exception("remote write: storing a batch failed")
+                busy = "internal error storing the request (logged on the collector)"
+                continue
+            rows += res.stored
+            dupes += int(res.duplicate)
+        if busy is not None:
+            self.stats.add(503)
+            return _answer(503, f"{busy}; retry (committed parts are acknowledged as duplicates)",
+                           cfg.retry_after_s)
+        if rejected:
+            status = rejected[0][0]
+            self.stats.add(status)
+            log.warning("remote write: %d batch(es) refused: %s", len(rejected), rejected[0][1])
+            return _answer(status, "; ".join(d for _, d in rejected[:5]) + " (the request's other nodes are stored)")
+        async with self._convert_lock:
+            self.rates.commit(conv.rate_updates)
+        self.stats.add(200, conv, rows, dupes)
+        out = conv.summary()
+        out["stored"] = rows
+        out["duplicate_batches"] = dupes
+        return 200, _json.encode(out), []
+
+
+def _http(coll: Any) -> Any:
+    # The HTTP limits: ``settings.http`` (the sectioned Settings), or the flat ServerSettings.
+    return getattr(coll.settings, "http", coll.settings)
+
+
+async def _read_body(read_body: BodyReader, limit: int, cl: str | None) -> bytes | Answer:
+    if cl is not None:
+        try:
+            if int(cl) > limit:
+                return _answer(413, f"body of {cl} bytes exceeds the limit of {limit} (GPUFLEET_MAX_BODY_BYTES)")
+        except ValueError:
+            return _answer(400, "invalid Content-Length")
+    chunks = []
+    size = 0
+    async for chunk in read_body():
+        size += len(chunk)
+        if size > limit:
+            return _answer(413, f"body exceeds the limit of {limit} bytes (GPUFLEET_MAX_BODY_BYTES)")
+        chunks.append(chunk)
+    return b"".join(chunks)

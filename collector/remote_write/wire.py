@@ -1,0 +1,304 @@
+"""Prometheus remote write 1.0 on the wire: snappy block framing and the ``prometheus.WriteRequest``
+protobuf (prompb/remote.proto, prompb/types.proto), decoded and encoded by hand.
+
+Why by hand: only four messages matter (WriteRequest, TimeSeries, Label, Sample, plus the
+MetricMetadata Prometheus sends beside them), and the receiver wants the raw bytes of each
+series' labels: identical label bytes are the same series, so a series is mapped once and then
+recognised by a dict lookup, instead of building a Python object per label on every request.
+
+    WriteRequest   { repeated TimeSeries timeseries = 1; repeated MetricMetadata metadata = 3; }
+    TimeSeries     { repeated Label labels = 1; repeated Sample samples = 2;
+                     repeated Exemplar exemplars = 3; repeated Histogram histograms = 4; }
+    Label          { string name = 1; string value = 2; }
+    Sample         { double value = 1; int64 timestamp = 2; }          // milliseconds
+    MetricMetadata { MetricType type = 1; string metric_family_name = 2; string help = 4; string unit = 5; }
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import cramjam
+
+from gpufleet.protocol import ProtocolError
+
+COUNTER = 1  # MetricMetadata.MetricType.COUNTER
+_DOUBLE = struct.Struct("<d")
+_U64 = 1 << 64
+
+
+@dataclass(slots=True)
+class Series:
+    """One TimeSeries: ``key`` is its encoded labels (the same series always has the same
+    bytes, since senders sort labels by name), ``samples`` its (timestamp ms, value) pairs."""
+
+    key: bytes
+    samples: list[tuple[int, float]]
+    histograms: int = 0  # native histograms: counted, not decoded (no catalog field is one)
+
+
+@dataclass(slots=True)
+class WriteRequest:
+    series: list[Series] = field(default_factory=list)
+    metadata: dict[str, int] = field(default_factory=dict)  # metric family -> MetricType
+
+
+def snappy_uncompressed_length(body: bytes) -> int:
+    """The length a snappy block says it inflates to (its leading varint), read before
+    inflating so a small body that claims gigabytes is refused without allocating them."""
+    try:
+        n, _ = _varint(body, 0)
+    except ProtocolError:
+        raise ProtocolError("snappy body is empty or corrupt (no length header)") from None
+    return n
+
+
+def unsnappy(body: bytes, *, max_size: int) -> bytes:
+    n = snappy_uncompressed_length(body)
+    if n > max_size:
+        raise ProtocolError(f"decompressed body of {n} bytes exceeds the limit of {max_size}")
+    try:
+        return bytes(cramjam.snappy.decompress_raw(body))
+    except cramjam.DecompressionError as e:
+        raise ProtocolError(f"snappy body is corrupt: {e}") from None
+
+
+def snappy(raw: bytes) -> bytes:
+    return bytes(cramjam.snappy.compress_raw(raw))
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    n = len(buf)
+    while pos < n:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ProtocolError(f"varint longer than 10 bytes at offset {pos}")
+    raise ProtocolError(f"truncated varint at offset {pos}")
+
+
+def _skip(buf: bytes, pos: int, wire: int) -> int:
+    if wire == 0:
+        return _varint(buf, pos)[1]
+    if wire == 1:
+        return pos + 8
+    if wire == 2:
+        n, pos = _varint(buf, pos)
+        return pos + n
+    if wire == 5:
+        return pos + 4
+    raise ProtocolError(f"unsupported protobuf wire type {wire} at offset {pos}")
+
+
+def decode(raw: bytes) -> WriteRequest:
+    """A decompressed WriteRequest body; ProtocolError (400: never retried, the bytes will not
+    change) names the offset of what is malformed."""
+    try:
+        return _decode(raw)
+    except ProtocolError as e:
+        raise ProtocolError(f"malformed WriteRequest protobuf: {e}") from None
+    except IndexError:
+        raise ProtocolError("malformed WriteRequest protobuf: truncated") from None
+    except struct.error:
+        raise ProtocolError("malformed WriteRequest protobuf: truncated inside a sample value") from None
+
+
+def _decode(raw: bytes) -> WriteRequest:
+    out = WriteRequest()
+    series = out.series
+    pos = 0
+    end = len(raw)
+    while pos < end:
+        tag = raw[pos]
+        if tag == 0x0A:  # timeseries (field 1, length-delimited): the common case, inlined
+            b = raw[pos + 1]
+            if b < 0x80:
+                n, pos = b, pos + 2
+            else:
+                n, pos = _varint(raw, pos + 1)
+            stop = pos + n
+            if stop > end:
+                raise ProtocolError(f"timeseries at offset {pos} runs past the end of the body")
+            series.append(_series(raw, pos, stop))
+            pos = stop
+            continue
+        tag, pos = _varint(raw, pos)
+        if tag == 0x1A:  # metadata (field 3)
+            n, pos = _varint(raw, pos)
+            _metadata(raw, pos, pos + n, out.metadata)
+            pos += n
+        else:
+            pos = _skip(raw, pos, tag & 7)
+    if pos != end:
+        raise ProtocolError("protobuf body ends inside a field")
+    return out
+
+
+def _series(raw: bytes, pos: int, stop: int) -> Series:
+    start = pos
+    # Labels first (senders write them first): walk them only to find where they end.
+    while pos < stop and raw[pos] == 0x0A:
+        b = raw[pos + 1]
+        if b < 0x80:
+            pos += 2 + b
+        else:
+            n, pos = _varint(raw, pos + 1)
+            pos += n
+    key = raw[start:pos]
+    samples: list[tuple[int, float]] = []
+    hist = 0
+    extra_labels: list[bytes] = []
+    while pos < stop:
+        tag = raw[pos]
+        if tag == 0x12:  # sample
+            b = raw[pos + 1]
+            if b < 0x80:
+                n, pos = b, pos + 2
+            else:
+                n, pos = _varint(raw, pos + 1)
+            samples.append(_sample(raw, pos, pos + n))
+            pos += n
+            continue
+        tag, p2 = _varint(raw, pos)
+        if tag == 0x0A:  # a label after samples: legal protobuf, unusual; keep it in the key
+            n, p3 = _varint(raw, p2)
+            extra_labels.append(raw[pos:p3 + n])
+            pos = p3 + n
+        elif tag == 0x22:  # native histogram
+            hist += 1
+            pos = _skip(raw, p2, 2)
+        else:
+            pos = _skip(raw, p2, tag & 7)
+    if pos != stop:
+        raise ProtocolError(f"timeseries ending at offset {stop} is malformed")
+    if extra_labels:
+        key = key + b"".join(extra_labels)
+    return Series(key, samples, hist)
+
+
+def _sample(raw: bytes, pos: int, stop: int) -> tuple[int, float]:
+    # proto3 omits zero values: a missing field is 0 (value 0.0, timestamp 0).
+    value = 0.0
+    ts = 0
+    while pos < stop:
+        tag = raw[pos]
+        if tag == 0x09:
+            value = _DOUBLE.unpack_from(raw, pos + 1)[0]
+            pos += 9
+        elif tag == 0x10:
+            ts, pos = _varint(raw, pos + 1)
+            if ts >= 1 << 63:
+                ts -= _U64
+        else:
+            t, pos = _varint(raw, pos)
+            pos = _skip(raw, pos, t & 7)
+    if pos != stop:
+        raise ProtocolError(f"sample ending at offset {stop} is malformed")
+    return ts, value
+
+
+def _metadata(raw: bytes, pos: int, stop: int, into: dict[str, int]) -> None:
+    kind = 0
+    name = ""
+    while pos < stop:
+        tag, pos = _varint(raw, pos)
+        if tag == 0x08:
+            kind, pos = _varint(raw, pos)
+        elif tag == 0x12:
+            n, pos = _varint(raw, pos)
+            name = raw[pos:pos + n].decode("utf-8", "replace")
+            pos += n
+        else:
+            pos = _skip(raw, pos, tag & 7)
+    if name:
+        into[name] = kind
+
+
+def labels_of(key: bytes) -> dict[str, str]:
+    """A series' labels from its ``key``; ProtocolError when they are not valid UTF-8 or malformed."""
+    out: dict[str, str] = {}
+    pos = 0
+    end = len(key)
+    try:
+        while pos < end:
+            tag, pos = _varint(key, pos)
+            n, pos = _varint(key, pos)
+            if tag != 0x0A:
+                raise ProtocolError(f"unexpected field in a series' labels (tag {tag})")
+            stop = pos + n
+            name = value = ""
+            while pos < stop:
+                t, pos = _varint(key, pos)
+                m, pos = _varint(key, pos)
+                s = key[pos:pos + m].decode("utf-8")
+                pos += m
+                if t == 0x0A:
+                    name = s
+                elif t == 0x12:
+                    value = s
+            out[name] = value
+    except UnicodeDecodeError:
+        raise ProtocolError("a label is not valid UTF-8") from None
+    return out
+
+
+# --- encoding (the exporter, tests and the benchmark) ---------------------------------------
+
+def _put_varint(out: bytearray, v: int) -> None:
+    if v < 0:
+        v += _U64
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def _put_bytes(out: bytearray, tag: int, data: bytes) -> None:
+    out.append(tag)
+    _put_varint(out, len(data))
+    out += data
+
+
+def encode_labels(labels: Iterable[tuple[str, str]]) -> bytes:
+    """Labels as a TimeSeries' label fields, sorted by name as the spec requires."""
+    out = bytearray()
+    for name, value in sorted(labels):
+        lab = bytearray()
+        _put_bytes(lab, 0x0A, name.encode())
+        _put_bytes(lab, 0x12, value.encode())
+        _put_bytes(out, 0x0A, bytes(lab))
+    return bytes(out)
+
+
+def encode_sample(ts_ms: int, value: float) -> bytes:
+    s = bytearray(b"\x09")
+    s += _DOUBLE.pack(value)
+    s.append(0x10)
+    _put_varint(s, ts_ms)
+    out = bytearray()
+    _put_bytes(out, 0x12, bytes(s))
+    return bytes(out)
+
+
+def encode(series: Sequence[tuple[bytes, Sequence[tuple[int, float]]]],
+           metadata: Sequence[tuple[str, int]] = ()) -> bytes:
+    """A WriteRequest from (encoded labels, [(timestamp ms, value)]) pairs, uncompressed."""
+    out = bytearray()
+    for labels, samples in series:
+        ts = bytearray(labels)
+        for t, v in samples:
+            ts += encode_sample(t, v)
+        _put_bytes(out, 0x0A, bytes(ts))
+    for name, kind in metadata:
+        m = bytearray(b"\x08")
+        _put_varint(m, kind)
+        _put_bytes(m, 0x12, name.encode())
+        _put_bytes(out, 0x1A, bytes(m))
+    return bytes(out)

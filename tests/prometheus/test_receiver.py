@@ -1,0 +1,152 @@
+"""POST /api/v1/write on a live collector, on SQLite and PostgreSQL: stored once, retries
+acknowledged as duplicates, Prometheus' 2xx / 4xx / 5xx contract, tokens, /metrics."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from gpufleet.collector.remote_write import wire
+from gpufleet.collector.writer import Overloaded
+from gpufleet.storage import tokens
+from gpufleet.storage.db import make_engine
+from tests.prometheus.captures import DUMPS, body, capture_series
+from tests.prometheus.rwclient import post, stored, stored_values
+
+T0 = int(time.time() * 1000) - 60_000
+
+
+def _fleet(t0: int = T0, steps: int = 3) -> bytes:
+    series = []
+    for name in DUMPS:
+        for lab, v, _ in capture_series(name, instance=f"{name[:6]}:9400"):
+            series.append((lab, [(t0 + k * 15_000, v) for k in range(steps)]))
+    return body(series)
+
+
+def _gpu_rows(raw: bytes) -> set[tuple[str, float]]:
+    from gpufleet.collector.remote_write.mapping import RateState, SeriesMap, convert
+
+    conv = convert(wire.decode(raw), SeriesMap(), RateState(), cluster="default", digest="x", now=time.time(),
+                   max_age_s=None, max_future_s=300, max_rows=20_000)
+    return {(g, t) for b in conv.batches for g, t in zip(b.samples["gpu"], b.samples["ts"], strict=True)}
+
+
+def test_stored_once_and_a_retried_request_is_a_duplicate(database_url, live_server) -> None:
+    srv = live_server(database_url)
+    e = make_engine(database_url)
+    raw = _fleet()
+    expected = _gpu_rows(raw)
+    assert len(expected) == 6 * 3  # six GPUs in the captures, three scrapes
+    r = post(srv.url, raw)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["stored"] == 18 and got["duplicate_batches"] == 0
+    assert got["ignored_series"]["no_gpu_identity"] > 0  # label-less placeholders in the datadog dump
+    assert stored(e) == dict.fromkeys(expected, 1)
+    again = post(srv.url, raw)  # Prometheus' retry after a lost answer: the very same bytes
+    assert again.status_code == 200 and again.json()["stored"] == 0
+    assert again.json()["duplicate_batches"] == got["nodes"]
+    assert stored(e) == dict.fromkeys(expected, 1)
+    power = stored_values(e, "power_w")
+    assert power[("GPU-20c56d28-0da5-6d26-a36a-e7af1ce2586e", T0 / 1000)] == pytest.approx(8.969)
+    with e.connect() as c:
+        from sqlalchemy import text
+
+        job = c.execute(text("select source, namespace from jobs where job_id = 'default/dcgmproftester2'")).one()
+        nodes = {n for (n,) in c.execute(text("select name from nodes"))}
+    assert tuple(job) == ("kubernetes", "default")
+    assert {"424773df46e0", "551bdf382151", "computeinstance-e00c1p6dpy98xytphp", "readme"} <= nodes
+    e.dispose()
+
+
+def test_a_503_midway_then_the_retry_stores_every_row_exactly_once(database_url, live_server) -> None:
+    srv = live_server(database_url)
+    e = make_engine(database_url)
+    raw = _fleet()
+    coll = srv.app.state.collector
+    real = coll.writer.submit
+    calls = {"n": 0}
+
+    def full_after_one(prep):  # the real queue, refusing from the second batch on: a full queue
+        calls["n"] += 1
+        if calls["n"] >= 2:
+            raise Overloaded("write queue full (test)")
+        return real(prep)
+
+    coll.writer.submit = full_after_one
+    r = post(srv.url, raw)
+    assert r.status_code == 503 and r.headers["retry-after"]
+    partial = stored(e)
+    assert 0 < len(partial) < 18 and set(partial.values()) == {1}
+    coll.writer.submit = real
+    r = post(srv.url, raw)
+    assert r.status_code == 200, r.text
+    assert r.json()["duplicate_batches"] == 1  # the batch committed before the 503
+    assert stored(e) == dict.fromkeys(_gpu_rows(raw), 1)
+    e.dispose()
+
+
+def test_tokens_cluster_scope_and_pinned_nodes(database_url, live_server) -> None:
+    srv = live_server(database_url, allow_anonymous=False)
+    e = make_engine(database_url)
+    cluster_tok = tokens.create_token(e, "prom", "agent", cluster="prod")
+    node_tok = tokens.create_token(e, "n1", "agent", cluster="prod", node="n1")
+    viewer = tokens.create_token(e, "v", "viewer")
+    raw = _fleet(steps=1)
+    assert post(srv.url, raw).status_code == 401
+    assert post(srv.url, raw, "gpf_wrong").status_code == 401
+    assert post(srv.url, raw, viewer).status_code == 403
+    r = post(srv.url, raw, node_tok)
+    assert r.status_code == 403 and "cluster-scoped" in r.json()["detail"]
+    assert httpx.post(srv.url + "/api/v1/write?cluster=other", content=wire.snappy(raw),
+                      headers={"Authorization": f"Bearer {cluster_tok}", "Content-Encoding": "snappy",
+                               "Content-Type": "application/x-protobuf"}).status_code == 403
+    assert stored(e) == {}
+    r = post(srv.url, raw, cluster_tok)
+    assert r.status_code == 200 and r.json()["stored"] == 6
+    from sqlalchemy import text
+
+    with e.connect() as c:
+        clusters = {n for (n,) in c.execute(text(
+            "select distinct c.name from nodes n join clusters c on c.id = n.cluster_id"))}
+    assert clusters == {"prod"}
+    e.dispose()
+
+
+@pytest.mark.parametrize(("headers", "content", "status", "needle"), [
+    ({"Content-Encoding": "gzip"}, None, 415, "snappy"),
+    ({"Content-Type": "application/json"}, None, 415, "x-protobuf"),
+    ({"Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request"}, None, 415, "2.0"),
+    ({}, b"\x05not snappy", 400, "snappy"),
+    ({}, wire.snappy(b"\x0a\x09\x0a\x01"), 400, "protobuf"),
+    ({}, bytes([0x80, 0x80, 0x80, 0x80, 0x10]), 413, "exceeds"),
+])
+def test_bodies_that_can_never_be_stored_are_4xx_and_store_nothing(sqlite_url, live_server, headers, content,
+                                                                    status, needle) -> None:
+    srv = live_server(sqlite_url)
+    h = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", **headers}
+    r = httpx.post(srv.url + "/api/v1/write", content=content or wire.snappy(_fleet(steps=1)), headers=h)
+    assert r.status_code == status and needle in r.json()["detail"], r.text
+    e = make_engine(sqlite_url)
+    assert stored(e) == {}
+    e.dispose()
+
+
+def test_body_limit_is_413(sqlite_url, live_server) -> None:
+    srv = live_server(sqlite_url, max_body_bytes=1000)
+    r = post(srv.url, _fleet())
+    assert r.status_code == 413
+
+
+def test_metrics_count_requests_ignored_series_and_rows(sqlite_url, live_server) -> None:
+    srv = live_server(sqlite_url)
+    assert post(srv.url, _fleet(steps=2)).status_code == 200
+    assert post(srv.url, b"\x0f").status_code == 400
+    text = httpx.get(srv.url + "/metrics").text
+    assert 'gpufleet_remote_write_requests_total{status="200"} 1.0' in text
+    assert 'gpufleet_remote_write_requests_total{status="400"} 1.0' in text
+    assert "gpufleet_remote_write_rows_total 12.0" in text
+    assert 'gpufleet_remote_write_ignored_series_total{reason="no_gpu_identity"}' in text
