@@ -141,7 +141,7 @@ def _tmpfs(path: Path, size: str) -> Iterator[Path]:
 def _fill(mount: Path) -> Path:
     """Take every free byte of the mount."""
     filler = mount / "filler"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:  # unbuffered: nothing left to fail at close
         chunk = b"\0" * (1 << 20)
         with contextlib.suppress(OSError):
             while True:
@@ -186,6 +186,8 @@ def test_real_tmpfs_full_with_live_collector_loses_nothing(database_url, collect
         dropped = _counter(agent, "gpufleet_agent_rows_dropped_total")
         left = agent.spool.pending_rows
     rows, distinct = stored(database_url)
+    print(f"FAULT disk-full-tmpfs: produced={produced} stored={rows} left={left} dropped={dropped} "
+          f"duplicated={rows - distinct}")  # docs/reliability.md's fault matrix (pytest -s)
     assert produced > 0 and dropped == 0
     assert rows + left == produced, f"produced {produced}, stored {rows}, left in the spool {left}"
     assert distinct == rows, "nothing stored twice"
