@@ -12,11 +12,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-FLAG_KINDS = (
-    "idle_gpu", "low_sm_activity", "no_tensor_cores", "input_stall", "comm_bound", "straggler",
-    "memory_underuse", "throttled", "oversized_allocation", "hw_fault",
-)
-SEVERITIES = ("info", "warning", "critical")
+from gpufleet.flagkinds import FLAG_KINDS, SEVERITIES
+
+__all__ = ["FLAG_KINDS", "SEVERITIES"]
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 RULES_ENV = "GPUFLEET_ALERT_RULES"

@@ -28,19 +28,8 @@ from gpufleet.alerts.escape import (
     truncate,
 )
 from gpufleet.alerts.facts import JobFacts
+from gpufleet.flagkinds import flag_kinds
 
-TITLES = {
-    "idle_gpu": "Idle GPUs",
-    "low_sm_activity": "Low SM activity",
-    "no_tensor_cores": "Tensor cores unused",
-    "input_stall": "Input pipeline stall",
-    "comm_bound": "Communication bound",
-    "straggler": "Straggler",
-    "memory_underuse": "GPU memory under-used",
-    "throttled": "Clocks throttled",
-    "oversized_allocation": "Oversized allocation",
-    "hw_fault": "Hardware fault",
-}
 SEVERITY_ICON = {"info": ":information_source:", "warning": ":warning:", "critical": ":rotating_light:"}
 EVENT_TITLE = {"firing": "GPU job needs attention", "reminder": "Still wasting GPUs", "resolved": "Resolved"}
 MAX_EVIDENCE_ITEMS = 8
@@ -126,7 +115,7 @@ def _evidence(ev: dict[str, Any]) -> str:
 
 
 def flag_section(config: AlertConfig, s: KindSummary, is_new: bool) -> dict[str, Any]:
-    title = TITLES.get(s.kind, s.kind)
+    title = flag_kinds().title(s.kind)
     scopes = f" on {', '.join(code(x, 60) for x in s.scopes[:6])}" if s.scopes else ""
     if len(s.scopes) > 6:
         scopes += f" +{len(s.scopes) - 6}"
@@ -181,11 +170,11 @@ def render_job(config: AlertConfig, job: JobFacts, n: Notification, now: float) 
     ]
     if n.event == "resolved":
         blocks.append(_section(f"{icon} No longer flagged: "
-                               + ", ".join(esc(TITLES.get(k, k)) for k in n.resolved)))
+                               + ", ".join(esc(flag_kinds().title(k)) for k in n.resolved)))
     for s in shown:
         blocks.append(flag_section(config, s, s.kind in n.new))
     if n.resolved and n.event != "resolved":
-        gone = ", ".join(esc(TITLES.get(k, k)) for k in n.resolved)
+        gone = ", ".join(esc(flag_kinds().title(k)) for k in n.resolved)
         blocks.append(_context(f"Resolved since the last message: {gone}"))
     b = _buttons(config, job, now)
     if b:
@@ -193,7 +182,7 @@ def render_job(config: AlertConfig, job: JobFacts, n: Notification, now: float) 
     blocks.append(_context(f"Silence: `gpufleet alerts silence add --job {code(job.job_id, 64).strip('`')} "
                            f"--cluster {code(job.cluster, 60).strip('`')} --expires 24h --reason ...`",
                            f"id {esc(n.key)}"))
-    kinds = ", ".join(TITLES.get(k, k) for k in (n.firing or n.resolved))
+    kinds = ", ".join(flag_kinds().title(k) for k in (n.firing or n.resolved))
     text = (f"{EVENT_TITLE[n.event]}: job {esc(job.job_id)} of {esc(job.user or 'unknown user')} on "
             f"{esc(job.cluster)}: {esc(kinds)}; {job.wasted_gpu_hours_total:.1f} GPU-h wasted"
             f"{cost(config, job.wasted_gpu_hours_total)}")

@@ -11,9 +11,9 @@ import numpy as np
 from gpufleet.catalog import CATALOG
 
 from .config import Thresholds, load_thresholds
+from .detectors import Finding, JobContext, JobView, run_detectors
+from .detectors.base import CounterMinutes
 from .features import HIST_FIELDS, MinuteFeatures, hist_quantile
-from .heuristics import Detector as _Detector
-from .heuristics import Finding, JobContext, faults
 from .windows import build_windows
 
 MFU_BASIS = "tensor_active x peak dense bf16 (estimate)"
@@ -76,11 +76,10 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     findings: list[Finding] = []
     w = None
     if feats.n.size and feats.n.sum() > 0:
-        w = build_windows(feats, float(th.general("window_s")), float(th.general("min_window_coverage")))
-        det = _Detector(w, ctx, th)
-        findings = det.run()
-        findings += faults(ctx, feats.b0, feats.f, th, events)
-        idle = det.idle
+        w = build_windows(feats, th.general.window_s, th.general.min_window_coverage)
+        job = JobView(w, CounterMinutes.of(feats), ctx, th, events or [])
+        findings = run_detectors(job)
+        idle = job.idle
     # Ended jobs: nothing is going on any more.
     for fd in findings:
         fd.ongoing = fd.ongoing and meta.running
@@ -110,8 +109,8 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
         wasted_total = float((claim * w.obs_s).sum() / 3600.0)
         # Score: useful share of observed GPU time. SM activity below the DCGM "effective"
         # target counts against it even unflagged; flagged waste caps it; no double counting.
-        target = float(th.general("target_sm_active"))
-        eff = np.minimum(1.0, np.nan_to_num(w.f["sm"]) / target)
+        target = th.general.target_sm_active
+        eff = np.minimum(1.0, np.nan_to_num(w.f.sm) / target)
         useful = np.minimum(eff, 1.0 - claim)
         if valid_obs > 0:
             score = round(100.0 * float((useful * w.obs_s)[w.valid].sum()) / valid_obs, 1)

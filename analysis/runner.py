@@ -25,7 +25,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport, Node
 
 from .config import Thresholds, load_thresholds
-from .features import RAW_FIELDS, MinuteFeatures, add_histograms, histograms, minute_features
+from .detectors import features_for
+from .features import RAW_FIELDS, MinuteFeatures, add_histograms, histograms
 from .report import JobAnalysis, JobMeta, analyze
 from .state import CACHE, JobState, StateCache
 
@@ -172,10 +173,8 @@ def _update_state(conn: Connection, job_pk: int, st: JobState | None, th: Thresh
     row_of = {pk: i for i, pk in enumerate(st.gpu_pks)}
     gi = np.vectorize(row_of.__getitem__, otypes=[np.int64])(gpk) if len(gpk) else gpk
     cols = {name: data[:, 2 + i] for i, name in enumerate(RAW_FIELDS)}
-    g = th.raw["general"]
-    new = minute_features(ts, gi, cols, len(st.gpu_pks), busy_sm_active=g["busy_sm_active"],
-                          throttle_mask=int(th.kind("throttled")["reasons_mask"]),
-                          critical_xids=tuple(th.kind("hw_fault")["critical_xids"]))
+    g = th.general
+    new = features_for(th, ts, gi, cols, len(st.gpu_pks))
     # Minutes from the re-read start on are replaced by what was just read.
     cut = int(np.floor(since / 60.0)) if np.isfinite(since) else int(np.floor(ts.min() / 60.0))
     st.feats = st.feats.before(cut).extend(new) if st.feats.shape[1] else new
@@ -185,7 +184,7 @@ def _update_state(conn: Connection, job_pk: int, st: JobState | None, th: Thresh
     np.maximum.at(last_per_gpu, gi, ts)
     newest = float(ts.max())
     slowest = float(np.min(last_per_gpu[np.isfinite(last_per_gpu)]))
-    nxt = max(slowest, newest - float(g["reread_max_s"])) - float(g["reread_margin_s"])
+    nxt = max(slowest, newest - g.reread_max_s) - g.reread_margin_s
     nxt = max(np.floor(nxt / 60.0) * 60.0, since)
     done = ts < nxt
     st.hist_before = add_histograms(st.hist_before, histograms(cols, done))

@@ -13,6 +13,33 @@ import numpy as np
 from .features import MinuteFeatures
 
 
+@dataclass(frozen=True)
+class WindowFeatures:
+    """Per-GPU, per-window (G x K) features the detectors judge; NaN = not measured there.
+    Means weighted by samples; ``busy_sm``/``clock_busy``/``throttle_frac`` over busy samples."""
+
+    sm: np.ndarray  # sm_active
+    occ: np.ndarray  # sm_occupancy
+    tensor: np.ndarray  # tensor_active
+    dram: np.ndarray  # dram_active
+    gpu_util: np.ndarray  # NVML utilisation: share of time a kernel ran
+    fp32: np.ndarray
+    fp64: np.ndarray
+    power: np.ndarray  # W
+    clock: np.ndarray  # SM clock, MHz
+    nvl_tx: np.ndarray  # bytes/s
+    nvl_rx: np.ndarray
+    ib_tx: np.ndarray
+    ib_rx: np.ndarray
+    busy_frac: np.ndarray  # share of raw samples with sm_active >= busy_sm_active
+    busy_sm: np.ndarray  # sm_active while busy
+    clock_busy: np.ndarray  # SM clock while busy
+    throttle_frac: np.ndarray  # share of busy samples with a throttle reason
+    trans_rate: np.ndarray  # busy<->idle switches per minute
+    fb_used_max: np.ndarray  # bytes
+    fb_total: np.ndarray  # bytes
+
+
 @dataclass
 class Windows:
     """Window views of one job's features. Shapes: (G, K) unless noted."""
@@ -22,7 +49,7 @@ class Windows:
     k: int  # number of windows
     obs_s: np.ndarray  # observed GPU-seconds per GPU-window
     valid: np.ndarray  # enough coverage to judge
-    f: dict[str, np.ndarray]
+    f: WindowFeatures
 
     def t0(self, k: int) -> float:
         return float((self.b0 + k * self.w_min) * 60)
@@ -75,7 +102,7 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -
     out["fb_total"] = wmax(f["fb_total"], w)
     obs = np.minimum(wsum(n, w) * feats.interval_s, w * 60.0)
     valid = obs >= min_coverage * w * 60.0
-    return Windows(w_min=w, b0=feats.b0, k=obs.shape[1], obs_s=obs, valid=valid, f=out)
+    return Windows(w_min=w, b0=feats.b0, k=obs.shape[1], obs_s=obs, valid=valid, f=WindowFeatures(**out))
 
 
 def masked_median(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -137,18 +164,19 @@ class Detection:
     judged_s: float
 
 
-def detect(mask: np.ndarray, valid_k: np.ndarray, window_s: float, cfg: dict) -> Detection | None:
+def detect(mask: np.ndarray, valid_k: np.ndarray, window_s: float, min_duration_s: float,
+           min_fraction: float = 0.0) -> Detection | None:
     """A flag when episodes of at least ``min_duration_s`` cover ``min_fraction`` of the judged
     time, or one such episode is still going on and has lasted twice the minimum."""
-    eps = [e for e in episodes(mask, valid_k) if e.windows * window_s >= float(cfg["min_duration_s"])]
+    eps = [e for e in episodes(mask, valid_k) if e.windows * window_s >= min_duration_s]
     if not eps:
         return None
     judged = float(valid_k.sum()) * window_s
     flagged = sum(e.windows for e in eps) * window_s
     last_valid = int(np.flatnonzero(valid_k)[-1])
     ongoing = eps[-1].k1 == last_valid + 1
-    frac_ok = judged > 0 and flagged / judged >= float(cfg.get("min_fraction", 0.0))
-    long_ongoing = ongoing and eps[-1].windows * window_s >= 2 * float(cfg["min_duration_s"])
+    frac_ok = judged > 0 and flagged / judged >= min_fraction
+    long_ongoing = ongoing and eps[-1].windows * window_s >= 2 * min_duration_s
     if not (frac_ok or long_ongoing):
         return None
     return Detection(eps, ongoing, flagged, judged)

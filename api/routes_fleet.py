@@ -1,4 +1,4 @@
-"""/api/v1/fleet/summary, /api/v1/flags and /api/v1/catalog."""
+"""/api/v1/fleet/summary, /api/v1/flags, /api/v1/flag-kinds and /api/v1/catalog."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 
 from gpufleet.catalog import CATALOG
+from gpufleet.flagkinds import SEVERITIES, flag_kinds
 
 from .metrics import TimedRoute
 from .queries.common import parse_duration
@@ -15,6 +16,7 @@ from .routes_common import ClusterFilter, Cursor, SessionDep
 from .routes_jobs import FlagKind
 from .schemas import FlagsPublic, FleetSummary, Message
 
+Severity = Literal[SEVERITIES]  # type: ignore[valid-type]  # the registry's severities
 router = APIRouter(prefix="/api/v1", tags=["fleet"], route_class=TimedRoute,
                    responses={400: {"model": Message, "description": "an argument is invalid (detail says which)"}})
 
@@ -32,7 +34,7 @@ def read_fleet_summary(session: SessionDep, request: Request, cluster: ClusterFi
 
 @router.get("/flags", response_model=FlagsPublic, summary="Goodput flags, most wasteful first")
 def read_flags(session: SessionDep, open: bool | None = None, kind: FlagKind | None = None,
-               severity: Literal["info", "warning", "critical"] | None = None, cluster: ClusterFilter = None,
+               severity: Severity | None = None, cluster: ClusterFilter = None,
                limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: Cursor = None) -> Any:
     return list_flags(session, open_=open, kind=kind, severity=severity, cluster=cluster, limit=limit, cursor=cursor)
 
@@ -41,3 +43,10 @@ def read_flags(session: SessionDep, open: bool | None = None, kind: FlagKind | N
 def read_catalog() -> dict[str, Any]:
     return {"data": [{"name": f.name, "unit": f.unit, "min": f.min, "max": f.max, "rollup": f.rollup,
                       "description": f.description} for f in CATALOG.fields], "count": len(CATALOG.fields)}
+
+
+@router.get("/flag-kinds", summary="The flag-kind registry: titles, scopes, severities, suggestions, evidence labels")
+def read_flag_kinds() -> dict[str, Any]:
+    # The web page and any client read titles and evidence units from here (one home:
+    # gpufleet/flagkinds.toml), so a new kind shows up without a front-end change.
+    return flag_kinds().as_json()

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from gpufleet.flagkinds import FLAG_KINDS
+
 
 class FlagBrief(BaseModel):
     kind: str
@@ -17,8 +19,7 @@ class FlagBrief(BaseModel):
 
 class FlagPublic(BaseModel):
     id: int
-    kind: str = Field(description="idle_gpu, low_sm_activity, no_tensor_cores, input_stall, comm_bound, straggler, "
-                                  "memory_underuse, throttled, oversized_allocation, hw_fault")
+    kind: str = Field(description="one of the registry's kinds: " + ", ".join(FLAG_KINDS) + " (GET /api/v1/flag-kinds)")
     scope: str = Field(description='"" = whole job; else the node or GPU it concerns')
     severity: str
     open: bool

@@ -11,8 +11,6 @@
   const state = (window.__gpufleet = { ready: false, renderMs: null, charts: {}, errors: [] });
   // live refresh period; ?refresh=<seconds> overrides it (>= 2 s)
   const REFRESH_MS = Math.max(2000, 1000 * (Number(new URLSearchParams(location.search).get("refresh")) || 15));
-  const FLAG_KINDS = ["idle_gpu", "low_sm_activity", "no_tensor_cores", "input_stall", "comm_bound", "straggler",
-    "memory_underuse", "throttled", "oversized_allocation", "hw_fault"];
 
   // ---- DOM helpers -------------------------------------------------------------------
   function h(tag, attrs, ...kids) {
@@ -83,6 +81,24 @@
     }
     return r.json();
   }
+  // The flag-kind registry (GET /api/v1/flag-kinds, from gpufleet/flagkinds.toml): kinds,
+  // titles, evidence labels and units. Never copied here, so a new kind needs no change.
+  let KINDS = { kinds: [], common_evidence: {} };
+  const kindsReady = api("/api/v1/flag-kinds").then((r) => { KINDS = r; }, () => { /* pages still show raw names */ });
+  const kindOf = (name) => KINDS.kinds.find((k) => k.name === name);
+  const kindTitle = (name) => (kindOf(name) || {}).title || name;
+  const kindOptions = () => [["", "any"], ...KINDS.kinds.map((k) => [k.name, k.title])];
+  const evSpec = (kind, key) => ((kindOf(kind) || {}).evidence || {})[key] || KINDS.common_evidence[key] || null;
+  function evValue(spec, v) {
+    if (typeof v !== "number") return typeof v === "string" ? v : JSON.stringify(v);
+    const unit = spec ? spec.unit : "";
+    if (unit === "ratio") return `${(v * 100).toFixed(1)}%`;
+    if (unit === "bytes/s") return rate(v);
+    if (unit === "bytes") return gib(v);
+    const n = Math.abs(v) < 10 && !Number.isInteger(v) ? v.toFixed(3) : Number.isInteger(v) ? String(v) : v.toFixed(1);
+    const suffix = { MHz: " MHz", W: " W", GiB: " GiB", minutes: " min", seconds: " s", per_minute: "/min" }[unit] || "";
+    return n + suffix;
+  }
   const status = (t) => { document.getElementById("status").textContent = t; };
   function done() {
     if (!state.ready) { state.renderMs = performance.now() - T0; state.ready = true; document.body.dataset.ready = "1"; }
@@ -93,7 +109,7 @@
     done();
   }
   const kpi = (label, value, title) => h("div", { class: "kpi", title }, h("div", { class: "v" }, value), h("div", { class: "l" }, label));
-  const chip = (f) => h("span", { class: `chip ${f.severity}${f.open === false ? " closed" : ""}`, title: `${f.severity}${f.open === false ? " (resolved)" : ""}` }, f.kind);
+  const chip = (f) => h("span", { class: `chip ${f.severity}${f.open === false ? " closed" : ""}`, title: `${kindTitle(f.kind)}: ${f.severity}${f.open === false ? " (resolved)" : ""}` }, f.kind);
   function table(cols, rows, opts = {}) {
     const head = h("tr", {}, cols.map((c) => {
       const th = h("th", { class: [c.n ? "n" : "", c.sort ? "sortable" : "", c.sort && opts.sort === c.sort ? `sorted ${opts.order === "asc" ? "asc" : ""}` : ""].join(" "), title: c.title }, c.label);
@@ -230,7 +246,7 @@
       h("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); reload(); } },
         input("user", "User", "any user"), input("cluster", "Cluster", "all clusters"),
         select("state", "State", [["", "any"], ["running", "running"], ["ended", "ended"]]),
-        select("flag", "Flag", [["", "any"], ...FLAG_KINDS.map((k) => [k, k])]),
+        select("flag", "Flag", kindOptions()),
         select("since", "Active in", [["", "any time"], ["-1h", "last hour"], ["-24h", "last 24 h"], ["-7d", "last 7 days"]]),
         select("sort", "Sort", [["start", "start time"], ["waste", "wasted GPU-h"], ["gpus", "GPUs"]]),
         select("order", "Order", [["desc", "desc"], ["asc", "asc"]])),
@@ -360,11 +376,14 @@
       kpi("DRAM active", pct(s.dram_active_mean)), kpi("MFU (est.)", pct(s.mfu_estimate), "tensor_active x peak dense TFLOP/s"),
       kpi("Power", s.power_w_mean === null || s.power_w_mean === undefined ? dash : `${num(s.power_w_mean, 0)} W`));
     const flagsEl = h("div", { class: "flags", id: "flags" }, j.flags.length ? j.flags.map((f) => h("div", { class: `flag ${f.severity}` },
-      h("div", {}, h("span", { class: "k" }, f.kind), " ", chip(f), f.scope ? h("span", { class: "muted" }, ` on ${f.scope}`) : null,
+      h("div", {}, h("span", { class: "k" }, kindTitle(f.kind)), " ", chip(f), f.scope ? h("span", { class: "muted" }, ` on ${f.scope}`) : null,
         h("span", { class: "muted", style: { float: "right" } }, `${gh(f.wasted_gpu_hours)} GPU-h${f.open ? "" : " · resolved"}`)),
       h("div", { class: "s" }, f.suggestion),
-      h("table", {}, h("tbody", {}, Object.entries(f.evidence || {}).map(([k, v]) => h("tr", {}, h("td", { class: "muted" }, k),
-        h("td", {}, typeof v === "number" ? (Math.abs(v) < 10 ? v.toFixed(3) : v.toFixed(1)) : typeof v === "string" ? v : JSON.stringify(v)))))),
+      h("table", {}, h("tbody", {}, Object.entries(f.evidence || {}).map(([k, v]) => {
+        const spec = evSpec(f.kind, k);
+        return h("tr", {}, h("td", { class: "muted", title: spec ? `${k}: ${spec.meaning}` : k }, spec ? spec.label : k),
+          h("td", {}, evValue(spec, v)));
+      }))),
     )) : h("p", { class: "muted" }, s.source === "live" ? "Not analysed yet; no flags." : "No flags: this job uses its GPUs well."));
     const charts = h("div", { class: "charts", id: "charts" });
     const perGpu = h("div");
@@ -446,7 +465,7 @@
       options.map(([v, t]) => h("option", { value: v, selected: f[name] === v }, t))));
     fill(root, h("h1", {}, "Flags"), h("div", { class: "filters" },
       sel("open", "Status", [["true", "open"], ["false", "resolved"], ["", "all"]]),
-      sel("kind", "Kind", [["", "any"], ...FLAG_KINDS.map((k) => [k, k])])), out);
+      sel("kind", "Kind", kindOptions())), out);
     async function load() {
       history.replaceState(null, "", `/flags?${qs(f)}`);
       const r = await api(`/api/v1/flags?${qs({ ...f, limit: 200 })}`);
@@ -467,5 +486,5 @@
   }
 
   const pages = { fleet: fleetPage, jobs: jobsPage, job: jobPage, node: nodePage, flags: flagsPage };
-  (pages[cfg.page] || fleetPage)().catch(fail);
+  kindsReady.then(() => (pages[cfg.page] || fleetPage)()).catch(fail);
 })();

@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--database-url", default=None, help="a migrated, empty database (default: a fresh SQLite file)")
     a = ap.parse_args(argv)
     from gpufleet.analysis.runner import run_analysis
+    from gpufleet.collector.columns import prepare
     from gpufleet.storage.db import make_engine
     from gpufleet.storage.migrate import upgrade
     from gpufleet.storage.writes import write_batches
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     w0 = time.perf_counter()
     while t < t_hist:
         with writer.begin() as conn:
-            write_batches(conn, batches(n_jobs, t, min(t_hist, t + chunk), seq), now=t + chunk)
+            write_batches(conn, [prepare(b) for b in batches(n_jobs, t, min(t_hist, t + chunk), seq)], now=t + chunk)
         seq += 1
         t += chunk
     load_s = time.perf_counter() - w0
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(3):
         t1 = t_hist + 30 * k
         with writer.begin() as conn:
-            write_batches(conn, batches(n_jobs, t1, t1 + 30, seq), now=t1 + 30)
+            write_batches(conn, [prepare(b) for b in batches(n_jobs, t1, t1 + 30, seq)], now=t1 + 30)
         seq += 1
         s = run_analysis(engine, now=t1 + 30)
         times.append(s.duration_s)

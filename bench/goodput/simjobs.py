@@ -13,7 +13,8 @@ import numpy as np
 
 from gpufleet.agent.simulator import H100, PROFILES, SimJob, make_job, sample_job
 from gpufleet.analysis.config import Thresholds, load_thresholds
-from gpufleet.analysis.features import RAW_FIELDS, histograms, minute_features
+from gpufleet.analysis.detectors import features_for
+from gpufleet.analysis.features import RAW_FIELDS, histograms
 from gpufleet.analysis.report import JobAnalysis, JobMeta, analyze
 
 SIZES = (1, 2, 4, 8, 16, 24, 32)
@@ -72,9 +73,6 @@ def meta_of(job: SimJob, running: bool = False) -> JobMeta:
 
 def analyze_data(d: JobData, th: Thresholds | None = None) -> JobAnalysis:
     th = th or load_thresholds()
-    g = th.raw["general"]
-    feats = minute_features(d.ts, d.gpu, d.cols, len(d.job.gpus), busy_sm_active=g["busy_sm_active"],
-                            throttle_mask=int(th.kind("throttled")["reasons_mask"]),
-                            critical_xids=tuple(th.kind("hw_fault")["critical_xids"]))
+    feats = features_for(th, d.ts, d.gpu, d.cols, len(d.job.gpus))
     return analyze(meta_of(d.job), feats, histograms(d.cols), th=th,
                    first_ts=float(d.ts.min()), last_ts=float(d.ts.max()))

@@ -21,7 +21,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
 
 from gpufleet.analysis.config import load_thresholds
-from gpufleet.analysis.features import RAW_FIELDS, histograms, minute_features
+from gpufleet.analysis.detectors import features_for
+from gpufleet.analysis.features import RAW_FIELDS, histograms
 from gpufleet.analysis.report import JobMeta, analyze
 
 SIZES = (1, 2, 4, 8, 8, 16, 32)
@@ -58,7 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     total_gpus = 1000 if a.quick else a.gpus
     th = load_thresholds()
-    g = th.raw["general"]
     rng = np.random.default_rng(0)
     t0 = 1_790_000_000.0
     sizes: list[int] = []
@@ -68,8 +68,6 @@ def main(argv: list[str] | None = None) -> int:
         i += 1
     pool = {s: [make_arrays(s, a.seconds, rng, t0) for _ in range(min(a.variants, sizes.count(s)))]
             for s in set(sizes)}
-    kw = {"busy_sm_active": g["busy_sm_active"], "throttle_mask": int(th.kind("throttled")["reasons_mask"]),
-          "critical_xids": tuple(th.kind("hw_fault")["critical_xids"])}
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
     flags = 0
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     for j, s in enumerate(sizes):
         ts, gpu, cols = pool[s][j % len(pool[s])]
         f0 = time.perf_counter()
-        feats = minute_features(ts, gpu, cols, s, **kw)
+        feats = features_for(th, ts, gpu, cols, s)
         hist = histograms(cols)
         t_feat += time.perf_counter() - f0
         meta = JobMeta(job_id=str(j), start_ts=t0, end_ts=None, running=True,

@@ -62,6 +62,7 @@ def sim_batches(job: Any, t_from: float, t_to: float, *, interval_s: float = 1.0
 def ingest(engine: Any, job: Any, t_from: float, t_to: float, **kw: Any) -> int:
     """Write the job's samples over (t_from, t_to] through the collector's write path, on an
     engine of its own, as the collector process would (not the analyzer's connections)."""
+    from gpufleet.collector.columns import prepare
     from gpufleet.storage.db import make_engine
     from gpufleet.storage.writes import write_batches
 
@@ -70,7 +71,7 @@ def ingest(engine: Any, job: Any, t_from: float, t_to: float, **kw: Any) -> int:
     try:
         for b in sim_batches(job, t_from, t_to, **kw):
             with own.begin() as conn:
-                write_batches(conn, [b], now=t_to)
+                write_batches(conn, [prepare(b)], now=t_to)
             n += b.n_rows()
     finally:
         own.dispose()

@@ -9,6 +9,7 @@ from simjobs import analyze_data, generate, meta_of
 
 from gpufleet.agent.simulator import PROFILES, make_job
 from gpufleet.analysis.config import FLAG_KINDS, load_thresholds
+from gpufleet.analysis.detectors import features_for, idle_gpu
 from gpufleet.analysis.features import hist_quantile, histograms, minute_features
 from gpufleet.analysis.report import MFU_BASIS, analyze
 
@@ -79,8 +80,8 @@ def test_thresholds_file_overrides(tmp_path, monkeypatch) -> None:  # type: igno
     p = tmp_path / "t.toml"
     p.write_text("[idle_gpu]\nmin_duration_s = 7200\n")
     th = load_thresholds(str(p))
-    assert th.kind("idle_gpu")["min_duration_s"] == 7200
-    assert th.kind("idle_gpu")["severity"] == "warning"  # untouched keys keep the defaults
+    assert th.get(idle_gpu.Config).min_duration_s == 7200
+    assert th.get(idle_gpu.Config).critical_after_s == 7200  # untouched keys keep the defaults
     d = generate(_job("idle_gpu", n=1))
     assert analyze_data(d, th).findings == []
     assert {f.kind for f in analyze_data(d).findings} == {"idle_gpu"}
@@ -144,9 +145,7 @@ def test_hw_fault_from_agent_events_only() -> None:
     application XIDs (13, 31, 43) do not."""
     d = generate(_job("vision_train", n=2, minutes=35))
     th = load_thresholds()
-    g = th.raw["general"]
-    feats = minute_features(d.ts, d.gpu, d.cols, 2, busy_sm_active=g["busy_sm_active"],
-                            critical_xids=tuple(th.kind("hw_fault")["critical_xids"]))
+    feats = features_for(th, d.ts, d.gpu, d.cols, 2)
     t = float(d.ts.min()) + 600
     res = analyze(meta_of(d.job), feats, histograms(d.cols), th=th, events=[(t, 1, "xid", 13), (t, 0, "xid", 31)])
     assert res.findings == []

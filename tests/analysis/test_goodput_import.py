@@ -63,6 +63,7 @@ def _flags_by_cluster(engine: Any) -> dict[str, dict[str, list[tuple[Any, ...]]]
 
 def test_imported_history_flags_equal_live(engine: Any, tmp_path: Any) -> None:
     from gpufleet.collector import ndjson
+    from gpufleet.collector.columns import prepare
     from gpufleet.storage.writes import write_batches
 
     jobs = _jobs()
@@ -76,7 +77,7 @@ def test_imported_history_flags_equal_live(engine: Any, tmp_path: Any) -> None:
     for job in jobs:
         for b in _live_batches(job):
             with engine.begin() as conn:
-                write_batches(conn, [b], now=now)
+                write_batches(conn, [prepare(b)], now=now)
     s = run_analysis(engine, now=now)
     assert s.errors == [] and s.jobs_analyzed == 2 * len(jobs)
 

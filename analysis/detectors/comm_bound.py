@@ -1,0 +1,50 @@
+"""comm_bound: NVLink or InfiniBand near capacity while the SMs wait."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..config import KindConfig
+from ..windows import episode_mask, masked_median, share
+from .base import Finding, Found, JobView, make_finding, r3
+
+KIND = "comm_bound"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(KindConfig):
+    SECTION: ClassVar[str] = KIND
+    link_util_min: float  # NVLink or IB throughput / link capacity
+    sm_active_max: float
+    gpu_share_min: float
+
+
+def link_utilisation(job: JobView) -> tuple[np.ndarray, np.ndarray]:
+    """(NVLink, IB) throughput over the model's per-direction capacity; NaN where not measured."""
+    f, lim = job.w.f, job.ctx.limits
+    nan = np.full_like(f.sm, np.nan)
+    with np.errstate(invalid="ignore"):
+        nvl = np.fmax(f.nvl_tx, f.nvl_rx) / lim.nvlink_bytes_s if lim.nvlink_bytes_s > 0 else nan
+        ib = np.fmax(f.ib_tx, f.ib_rx) / lim.ib_bytes_s if lim.ib_bytes_s > 0 else nan
+    return nvl, ib
+
+
+def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
+    f, lim = job.w.f, job.ctx.limits
+    nvl, ib = link_utilisation(job)
+    link = np.fmax(np.nan_to_num(nvl), np.nan_to_num(ib))
+    per_gpu = job.active & (link >= cfg.link_util_min) & (np.nan_to_num(f.sm, nan=1.0) < cfg.sm_active_max)
+    det = job.episodes(job.valid_k & (job.n_active > 0) & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
+    if not det:
+        return []
+    em = episode_mask(det, job.w.k)
+    target = job.general.target_sm_active
+    claim = np.where(per_gpu, 1.0 - np.minimum(1.0, np.nan_to_num(f.sm) / target), 0.0)
+    return [make_finding(job, KIND, cfg, det, claim, {
+        "nvlink_util": r3(np.nanmedian(masked_median(np.nan_to_num(nvl), job.active)[em])),
+        "ib_util": r3(np.nanmedian(masked_median(np.nan_to_num(ib), job.active)[em])),
+        "sm_active": job.stats(f.sm, em), "threshold_link_util": cfg.link_util_min,
+        "link_capacity_bytes_s": {"nvlink": lim.nvlink_bytes_s, "ib": lim.ib_bytes_s}})]

@@ -1,0 +1,35 @@
+"""idle_gpu: every GPU of the job idle for a long stretch (a whole job doing nothing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..config import KindConfig
+from ..windows import episode_mask
+from .base import Finding, Found, JobView, make_finding, r3
+
+KIND = "idle_gpu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(KindConfig):
+    SECTION: ClassVar[str] = KIND
+    critical_after_s: float  # an idle stretch this long is critical (JDS cancels at 120 min)
+
+
+def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
+    all_idle = job.valid_k & (job.n_active == 0) & (job.idle.sum(axis=0) > 0)
+    det = job.episodes(all_idle, cfg)
+    if not det:
+        return []
+    em = episode_mask(det, job.w.k)
+    longest = max(e.windows for e in det.episodes) * job.window_s
+    sev = "critical" if longest >= cfg.critical_after_s else None
+    f = job.w.f
+    return [make_finding(job, KIND, cfg, det, job.idle.astype(float), {
+        "sm_active_max": r3(np.nanmax(np.where(job.idle & em[None, :], f.sm, np.nan))),
+        "idle_gpus": int(job.idle.any(axis=1).sum()), "n_gpus": job.n_gpus,
+        "threshold_sm_active": job.general.idle_sm_active}, severity=sev)]

@@ -1,0 +1,42 @@
+"""input_stall: GPUs alternating between running hard and waiting for the next batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..config import KindConfig
+from ..windows import episode_mask, share
+from .base import Finding, Found, JobView, make_finding, r3
+
+KIND = "input_stall"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(KindConfig):
+    SECTION: ClassVar[str] = KIND
+    busy_frac_min: float  # alternating: busy some of the time ...
+    busy_frac_max: float  # ... and idle some of the time
+    transitions_per_min_min: float  # busy<->idle switches per minute
+    busy_sm_active_min: float  # when it runs, it runs hard
+    gpu_share_min: float
+
+
+def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
+    f = job.w.f
+    bf = f.busy_frac
+    per_gpu = (job.active & (bf >= cfg.busy_frac_min) & (bf <= cfg.busy_frac_max)
+               & (np.nan_to_num(f.trans_rate) >= cfg.transitions_per_min_min)
+               & (np.nan_to_num(f.busy_sm) >= cfg.busy_sm_active_min))
+    det = job.episodes(job.valid_k & (job.n_active > 0) & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
+    if not det:
+        return []
+    em = episode_mask(det, job.w.k)
+    claim = np.where(per_gpu, 1.0 - np.nan_to_num(bf), 0.0)
+    tr = job.stats(f.trans_rate, em)
+    return [make_finding(job, KIND, cfg, det, claim, {
+        "busy_fraction": job.stats(f.busy_frac, em), "sm_active_when_busy": job.stats(f.busy_sm, em),
+        "switches_per_minute": tr, "period_s": r3(120.0 / tr, 1) if tr else None,
+        "sm_active": job.stats(f.sm, em)})]

@@ -1,0 +1,34 @@
+"""oversized_allocation: some GPUs of the job idle while their peers work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..config import KindConfig
+from ..windows import episode_mask, share
+from .base import Finding, Found, JobView, make_finding
+
+KIND = "oversized_allocation"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(KindConfig):
+    SECTION: ClassVar[str] = KIND
+    min_idle_share: float  # at least this share of the job's GPUs idle
+
+
+def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
+    g = job.n_gpus
+    if g < 2:
+        return []
+    idle_share = share(job.idle, job.w.valid)
+    det = job.episodes(job.valid_k & (job.n_active > 0) & (idle_share >= cfg.min_idle_share), cfg)
+    if not det:
+        return []
+    em = episode_mask(det, job.w.k)
+    idle_gpus = (job.idle & em[None, :]).sum(axis=1) >= 0.5 * em.sum()
+    return [make_finding(job, KIND, cfg, det, job.idle.astype(float), {
+        "n_gpus": g, "idle_gpus": int(idle_gpus.sum()), "used_gpus": int(g - idle_gpus.sum()),
+        "idle_gpu_uuids": [u for u, i in zip(job.ctx.gpu_uuids, idle_gpus, strict=True) if i][:16],
+        "active_sm_active": job.stats(job.w.f.sm, em)})]

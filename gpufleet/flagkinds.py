@@ -1,0 +1,150 @@
+"""The flag-kind registry, loaded from ``flagkinds.toml`` (data, not code).
+
+Core module: imports nothing of the project, so analysis, alerts and the API all read the same
+kinds, titles, suggestions and evidence labels from here (and the web page gets them as JSON
+from ``GET /api/v1/flag-kinds``)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+REGISTRY_PATH = Path(__file__).with_name("flagkinds.toml")
+
+SCOPES = ("job", "node", "gpu", "node_or_gpu")
+SEVERITIES = ("info", "warning", "critical")
+WORKLOAD_CLASSES = ("training", "serving", "batch_inference", "interactive", "hpc")
+UNITS = ("ratio", "count", "minutes", "seconds", "MHz", "W", "GiB", "bytes", "bytes/s", "per_minute", "text",
+         "list", "map")
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_KIND_KEYS = {"name", "scope", "severity", "title", "summary", "suggestion", "suggestion_by_class", "waste", "docs",
+              "evidence"}
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceField:
+    key: str
+    label: str
+    unit: str
+    meaning: str
+
+
+@dataclass(frozen=True, slots=True)
+class FlagKind:
+    name: str
+    scope: str
+    severity: str
+    title: str
+    summary: str
+    suggestion: str
+    suggestion_by_class: tuple[tuple[str, str], ...]
+    waste: str
+    docs: str
+    evidence: tuple[EvidenceField, ...]
+
+    def suggestion_for(self, workload_class: str | None) -> str:
+        """The advice that fits the workload (a serving replica is not told to fix its DataLoader)."""
+        return dict(self.suggestion_by_class).get(workload_class or "", self.suggestion)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "scope": self.scope, "severity": self.severity, "title": self.title,
+                "summary": self.summary, "suggestion": self.suggestion,
+                "suggestion_by_class": dict(self.suggestion_by_class), "waste": self.waste, "docs": self.docs,
+                "evidence": {e.key: {"label": e.label, "unit": e.unit, "meaning": e.meaning} for e in self.evidence}}
+
+
+@dataclass(frozen=True, slots=True)
+class FlagKinds:
+    kinds: tuple[FlagKind, ...]
+    common_evidence: tuple[EvidenceField, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.kinds)
+
+    def get(self, name: str) -> FlagKind:
+        for k in self.kinds:
+            if k.name == name:
+                return k
+        raise KeyError(f"unknown flag kind {name!r}; known: {', '.join(self.names)}")
+
+    def title(self, name: str) -> str:
+        """The kind's title; an unknown kind (a row written by a newer version) shows its name."""
+        try:
+            return self.get(name).title
+        except KeyError:
+            return name
+
+    def evidence_field(self, kind: str, key: str) -> EvidenceField | None:
+        for e in (*self.get(kind).evidence, *self.common_evidence):
+            if e.key == key:
+                return e
+        return None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kinds": [k.as_json() for k in self.kinds],
+                "common_evidence": {e.key: {"label": e.label, "unit": e.unit, "meaning": e.meaning}
+                                    for e in self.common_evidence},
+                "severities": list(SEVERITIES), "workload_classes": list(WORKLOAD_CLASSES)}
+
+
+def _evidence(d: Any, where: str) -> tuple[EvidenceField, ...]:
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: expected a table of evidence keys")
+    out = []
+    for key, spec in d.items():
+        if not isinstance(spec, dict) or set(spec) != {"label", "unit", "meaning"}:
+            raise ValueError(f"{where}.{key}: expected {{ label, unit, meaning }}")
+        if spec["unit"] not in UNITS:
+            raise ValueError(f"{where}.{key}: unit {spec['unit']!r} is not one of {list(UNITS)}")
+        out.append(EvidenceField(key, str(spec["label"]), str(spec["unit"]), str(spec["meaning"])))
+    return tuple(out)
+
+
+def _kind(d: Any, i: int) -> FlagKind:
+    where = f"flag kind #{i + 1}"
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: expected a table")
+    where = f"flag kind {d.get('name', '#' + str(i + 1))!r}"
+    unknown = set(d) - _KIND_KEYS
+    missing = (_KIND_KEYS - {"suggestion_by_class"}) - set(d)
+    if unknown or missing:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    if not _NAME.match(str(d["name"])):
+        raise ValueError(f"{where}: name must be lower_snake_case, at most 32 characters")
+    if d["scope"] not in SCOPES:
+        raise ValueError(f"{where}: scope {d['scope']!r} is not one of {list(SCOPES)}")
+    if d["severity"] not in SEVERITIES:
+        raise ValueError(f"{where}: severity {d['severity']!r} is not one of {list(SEVERITIES)}")
+    by_class = d.get("suggestion_by_class") or {}
+    bad = sorted(set(by_class) - set(WORKLOAD_CLASSES))
+    if bad:
+        raise ValueError(f"{where}: suggestion_by_class has unknown workload classes {bad}")
+    return FlagKind(str(d["name"]), str(d["scope"]), str(d["severity"]), str(d["title"]), str(d["summary"]),
+                    str(d["suggestion"]), tuple((str(k), str(v)) for k, v in by_class.items()), str(d["waste"]),
+                    str(d["docs"]), _evidence(d["evidence"], f"{where}.evidence"))
+
+
+def parse_flag_kinds(text: str) -> FlagKinds:
+    raw = tomllib.loads(text)
+    kinds = tuple(_kind(d, i) for i, d in enumerate(raw.get("kind") or []))
+    names = [k.name for k in kinds]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"flag kinds defined twice: {dup}")
+    if not kinds:
+        raise ValueError("the flag-kind registry defines no [[kind]]")
+    return FlagKinds(kinds, _evidence(raw.get("common_evidence") or {}, "common_evidence"))
+
+
+@cache
+def flag_kinds() -> FlagKinds:
+    """The registry shipped with this version (read once per process)."""
+    return parse_flag_kinds(REGISTRY_PATH.read_text())
+
+
+FLAG_KINDS: tuple[str, ...] = flag_kinds().names

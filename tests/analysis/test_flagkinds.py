@@ -1,0 +1,116 @@
+"""The flag-kind registry is the one home of each kind: every kind has exactly one detector,
+its words live in one file, and no other product file names a kind (so adding one needs only
+a registry entry, a detector module, its thresholds section and its tests)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from simjobs import analyze_data, generate
+
+from gpufleet.agent.simulator import PROFILES, make_job
+from gpufleet.analysis.config import load_thresholds
+from gpufleet.analysis.detectors import DETECTORS
+from gpufleet.flagkinds import FLAG_KINDS, flag_kinds, parse_flag_kinds
+
+from .conftest import T0
+
+REPO = Path(__file__).resolve().parents[2]
+# Product code (tests, docs, bench and the simulator's ground-truth labels are not product).
+# The agent never knows flag kinds (it sits before analysis), so it is not scanned.
+PRODUCT = ("gpufleet", "collector", "storage", "analysis", "alerts", "api", "dashboards", "helm", "migrations")
+SOURCE_SUFFIXES = {".py", ".js", ".toml", ".yaml", ".yml", ".json", ".html", ".css", ".tpl", ".md"}
+# Every place a product file other than the registry, thresholds and the kind's own detector
+# names a kind, and why it must. A new kind needs no entry here.
+CROSS_REFERENCES = {
+    "hw_fault": {"alerts/config.py": "the hardware rule alerts at once, whatever it wasted",
+                 "alerts/decide.py": "a node's fault inhibits the job alerts on that node",
+                 "alerts/store.py": "reads the open faults for that inhibition"},
+    "straggler": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
+    "comm_bound": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
+    "input_stall": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
+                    "alerts/render.py": "the sample message of `gpufleet alerts test`"},
+    "memory_underuse": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
+    "throttled": {"api/queries/nodes.py": "a homonym: the node page's throttled-minutes column, not the flag"},
+    "idle_gpu": {"alerts/render.py": "the sample message of `gpufleet alerts test`"},
+    "hung": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
+    "pipeline_imbalance": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
+                           "analysis/detectors/straggler.py": "a deviant without a hardware signature is one"},
+}
+
+
+def _product_files() -> list[tuple[str, str]]:
+    out = []
+    for top in PRODUCT:
+        for p in sorted((REPO / top).rglob("*")):
+            rel = p.relative_to(REPO).as_posix()
+            if p.is_file() and p.suffix in SOURCE_SUFFIXES and "__pycache__" not in rel:
+                out.append((rel, p.read_text(errors="replace")))
+    return out
+
+
+def test_every_kind_has_one_detector_and_one_thresholds_section() -> None:
+    assert sorted(d.kind for d in DETECTORS) == sorted(FLAG_KINDS)
+    th = load_thresholds()
+    for d in DETECTORS:
+        assert d.kind == d.config.SECTION
+        assert d.kind in th.raw, f"thresholds.toml has no [{d.kind}] section"
+        assert (REPO / "analysis" / "detectors" / f"{d.kind}.py").is_file()
+
+
+def test_titles_and_suggestions_live_in_one_file() -> None:
+    files = _product_files()
+    for k in flag_kinds().kinds:
+        for text in (k.title, k.suggestion, *(s for _, s in k.suggestion_by_class)):
+            # Titles are short ("Straggler"): match them as quoted strings; suggestions anywhere.
+            needle = re.compile(re.escape(f'"{text}"')) if text == k.title else re.compile(re.escape(text))
+            where = [rel for rel, body in files if needle.search(body)]
+            assert where == ["gpufleet/flagkinds.toml"], f"{k.name}: {text!r} found in {where}"
+
+
+def test_no_other_product_file_names_a_kind() -> None:
+    files = _product_files()
+    for kind in FLAG_KINDS:
+        allowed = {"gpufleet/flagkinds.toml", "analysis/thresholds.toml", "analysis/detectors/__init__.py",
+                   f"analysis/detectors/{kind}.py", *CROSS_REFERENCES.get(kind, {})}
+        # As a string literal: the way code names a kind (prose and examples may mention it).
+        pat = re.compile(rf"[\"']{kind}[\"']")
+        extra = [rel for rel, body in files if rel not in allowed and pat.search(body)]
+        assert extra == [], (f"{kind} is named in {extra}: read it from the registry (gpufleet.flagkinds) or "
+                             "list the reference in CROSS_REFERENCES with the reason")
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_evidence_key_is_declared(profile: str) -> None:
+    size = {"straggler": 8, "hw_fault": 8, "comm_bound": 16, "multinode_dp": 16, "oversized_allocation": 4}
+    res = analyze_data(generate(make_job(profile, f"ev-{profile}", size.get(profile, 2), T0 + 17.25, 42 * 60)))
+    reg = flag_kinds()
+    for f in res.findings:
+        undeclared = [k for k in f.evidence if reg.evidence_field(f.kind, k) is None]
+        assert undeclared == [], f"{f.kind} writes evidence keys the registry does not declare: {undeclared}"
+        assert f.suggestion in (reg.get(f.kind).suggestion, *dict(reg.get(f.kind).suggestion_by_class).values())
+
+
+def _entry(**over: str) -> str:
+    d = {"name": "x_kind", "scope": "job", "severity": "warning", "title": "X", "summary": "s", "suggestion": "do",
+         "waste": "w", "docs": "docs/goodput.md#x_kind", **over}
+    body = "\n".join(f'{k} = "{v}"' for k, v in d.items())
+    return f'[[kind]]\n{body}\n[kind.evidence]\nv = {{ label = "v", unit = "ratio", meaning = "m" }}\n'
+
+
+def test_registry_rejects_bad_entries_with_clear_errors() -> None:
+    assert parse_flag_kinds(_entry()).names == ("x_kind",)
+    for text, msg in ((_entry(scope="rack"), "scope 'rack'"), (_entry(severity="loud"), "severity 'loud'"),
+                      (_entry(name="X-Kind"), "lower_snake_case"), (_entry() + _entry(), "defined twice"),
+                      (_entry().replace('unit = "ratio"', 'unit = "furlongs"'), "unit 'furlongs'"),
+                      (_entry().replace('waste = "w"\n', ""), "missing keys ['waste']"), ("", "no [[kind]]")):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            parse_flag_kinds(text)
+
+
+def test_unknown_kind_shows_its_name() -> None:
+    assert flag_kinds().title("from_a_newer_version") == "from_a_newer_version"
+    with pytest.raises(KeyError, match="known"):
+        flag_kinds().get("from_a_newer_version")
