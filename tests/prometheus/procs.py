@@ -1,0 +1,134 @@
+"""Debian's prometheus and victoria-metrics as throwaway processes on free ports (scripts/test.sh
+installs both), and a fake dcgm-exporter serving the real captures with values moving."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+
+
+def binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        msg = f"{name} is not installed; scripts/test.sh installs Debian's {name}"
+        if os.environ.get("CI") or os.environ.get("GPUFLEET_REQUIRE_SERVICES"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return path
+
+
+class Proc:
+    def __init__(self, args: list[str], url: str, ready: str, log: Path) -> None:
+        self.url = url
+        self.log = log
+        self._out = log.open("wb")
+        self.p = subprocess.Popen(args, stdout=self._out, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while True:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"{args[0]} exited {self.p.returncode}: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + ready, timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"{args[0]} not ready after 30 s: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(5)
+        self._out.close()
+
+    def query(self, promql: str, at: float | None = None) -> list[dict]:
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        r = httpx.get(self.url + "/api/v1/query", params=params, timeout=10)
+        r.raise_for_status()
+        return r.json()["data"]["result"]
+
+
+def start_prometheus(tmp: Path, config: str, *extra: str) -> Proc:
+    port = free_port()
+    (tmp / "prometheus.yml").write_text(config)
+    return Proc([binary("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra],
+                f"http://127.0.0.1:{port}", "/-/ready", tmp / "prometheus.log")
+
+
+def start_victoria_metrics(tmp: Path, *extra: str) -> Proc:
+    port = free_port()
+    return Proc([binary("victoria-metrics"), f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={tmp / 'vm'}",
+                 "-retentionPeriod=100y", "-search.latencyOffset=0s", "-loggerLevel=ERROR", *extra],
+                f"http://127.0.0.1:{port}", "/health", tmp / "victoria-metrics.log")
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)\s*$")
+
+
+def moving(text: str, k: int, inject: Callable[[str], str] = lambda labels: labels) -> str:
+    """The capture as scrape ``k`` serves it: gauges alternate between the captured value and
+    half of it (never leaving the catalog's range), counters grow by 1000 per scrape;
+    ``inject`` may add labels (what dcgm-exporter's HPC job mapping does)."""
+    counters = set(re.findall(r"^# TYPE (\S+) counter", text, re.M))
+    out = []
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            out.append(line)
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        value = value + 1000.0 * k if name in counters else (
+            value if k % 2 == 0 else value // 2 if value.is_integer() else value / 2)
+        out.append(f"{name}{inject(labels)} {value!r}")
+    return "\n".join(out) + "\n"
+
+
+class FakeExporter:
+    """One node's dcgm-exporter: ``/metrics`` answers the capture, moving on every scrape."""
+
+    def __init__(self, text: str, inject: Callable[[str], str] = lambda labels: labels) -> None:
+        self.text = text
+        self.scrapes = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = moving(outer.text, outer.scrapes, inject).encode()
+                outer.scrapes += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
