@@ -13,6 +13,7 @@ from gpufleet.storage.models import Cluster, Job
 
 S, A, OB = AlertSilence.__table__, Alert.__table__, AlertOutbox.__table__
 MAX_SILENCE_S = 90 * 86400.0  # a forgotten silence must not hide a job forever
+MATCHER_MAX = {"job": 255, "user": 255, "flag": 32, "cluster": 128}  # the alert_silences columns
 
 
 class SilenceError(ValueError):
@@ -29,6 +30,14 @@ class NewSilence:
     cluster: str | None = None
 
     def validate(self) -> None:
+        for name, value in (("job", self.job), ("user", self.user), ("flag", self.kind), ("cluster", self.cluster),
+                            ("reason", self.reason)):
+            # PostgreSQL cannot store NUL in text, and no scheduler id or user name holds a
+            # control character: refuse them here rather than fail (500) in the database.
+            if value is not None and any(ord(c) < 32 and c not in "\t\n" for c in value):
+                raise SilenceError(f"{name} contains a NUL or other control character; remove it")
+            if value is not None and name != "reason" and len(value) > MATCHER_MAX[name]:
+                raise SilenceError(f"{name} is longer than {MATCHER_MAX[name]} characters")
         if not any((self.job, self.user, self.kind, self.cluster)):
             raise SilenceError("give at least one matcher: job, user, flag or cluster (an empty silence would mute "
                                "everything)")

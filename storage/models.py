@@ -249,3 +249,4 @@ job_samples_1m = Table(
 from gpufleet.storage import alert_models  # noqa: E402, F401
 from gpufleet.storage import progress_models  # noqa: E402, F401
 from gpufleet.storage import collectives_models  # noqa: E402, F401
+from gpufleet.storage import session_models  # noqa: E402, F401

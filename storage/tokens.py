@@ -130,8 +130,15 @@ def verify_token(engine: Engine, raw: str) -> TokenInfo | None:
     return info
 
 
-def authorize(engine: Engine, authorization_header: str | None, required: str, allow_anonymous: bool) -> TokenInfo:
-    """Check an ``Authorization`` header for role ``required``; raises AuthError(401/403)."""
+def authorize(engine: Engine, authorization_header: str | None, required: str, allow_anonymous: bool,
+              identity: TokenInfo | None = None) -> TokenInfo:
+    """Check an ``Authorization`` header for role ``required``; raises AuthError(401/403).
+    ``identity`` is who the web layer already knows is calling without a header (a signed-in
+    session or a trusted SSO proxy, ``api.auth``); it wins over anonymous access."""
+    if not authorization_header and identity is not None:
+        if not role_at_least(identity.role, required):
+            raise AuthError(403, f"{identity.name} is signed in as {identity.role}; this needs {required}")
+        return identity
     if not authorization_header:
         if allow_anonymous:
             return ANONYMOUS
