@@ -133,8 +133,8 @@ def flag_section(config: AlertConfig, s: KindSummary, is_new: bool) -> dict[str,
 def job_fields(config: AlertConfig, job: JobFacts, now: float) -> list[dict[str, Any]]:
     nodes = ", ".join(code(n, 60) for n in job.nodes[:8]) + (f" +{len(job.nodes) - 8}" if len(job.nodes) > 8 else "")
     models = ", ".join(sorted({esc(m) for m in job.gpu_models})) or "GPU"
-    score = "n/a" if job.goodput_score is None else f"{job.goodput_score:.0%}" if job.goodput_score <= 1 else \
-        f"{job.goodput_score:.0f}"
+    # The score is a ratio 0..1 everywhere (engine, API, Grafana); Slack shows it as a percentage.
+    score = "n/a" if job.goodput_score is None else f"{job.goodput_score:.0%}"
     fields = [
         f"*Job*\n{code(job.job_id, 64)} {code(job.name or '-', 120)}",
         f"*User*\n{user_ref(config, job.user)}",

@@ -17,7 +17,7 @@ from .features import HIST_FIELDS, MinuteFeatures, hist_quantile
 from .windows import build_windows
 
 MFU_BASIS = "tensor_active x peak dense bf16 (estimate)"
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: goodput_score is a ratio 0..1 (was 0..100)
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
         eff = np.minimum(1.0, np.nan_to_num(w.f.sm) / target)
         useful = np.minimum(eff, 1.0 - claim)
         if valid_obs > 0:
-            score = round(100.0 * float((useful * w.obs_s)[w.valid].sum()) / valid_obs, 1)
+            score = round(float((useful * w.obs_s)[w.valid].sum()) / valid_obs, 4)
     tensor_mean = stats["tensor_active"]["mean"]
     peak = model.peak_tensor_tflops if model else None
     achieved = _r(tensor_mean * peak * g, 1) if (peak and tensor_mean is not None) else None

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
           f"reference: {base_healthy_flagged}/{healthy_jobs}")
     print(f"worst precision/recall: {worst:.3f} (goal >= 0.95)")
     print("mean goodput score by profile: " + ", ".join(
-        f"{p}={sum(v) / len(v):.0f}" for p, v in sorted(by_profile.items())))
+        f"{p}={sum(v) / len(v):.0%}" for p, v in sorted(by_profile.items())))
     print(f"time: wall {wall:.1f} s; simulate {gen_s:.1f} s; analyze {an_s:.2f} s "
           f"({samples / max(an_s, 1e-9) / 1e6:.1f} M GPU-samples/s per core)")
     if misses and (a.verbose or len(misses) <= 12):

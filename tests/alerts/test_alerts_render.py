@@ -130,3 +130,29 @@ def test_sample_and_digest_render_within_limits() -> None:
     p = render_digest(CFG, teams, "2027-01-15")
     assert_limits(p)
     assert all("<!here>" not in t for t in all_mrkdwn(p))
+
+
+def test_engine_scores_show_as_percent_in_slack() -> None:
+    """Scores the engine produced (ratios 0..1), not seeded ones, read 0-100% in the message
+    and the digest; a perfect job is 100%, never "1"."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "goodput"))
+    from simjobs import analyze_data, generate
+
+    from gpufleet.agent.simulator import make_job
+
+    def _fields(score: float) -> list[str]:
+        p = render_job(CFG, job(goodput_score=score), note(), NOW)
+        return [f["text"] for b in p["blocks"] for f in b.get("fields", [])]
+
+    for profile in ("vision_train", "low_sm_activity"):
+        res = analyze_data(generate(make_job(profile, f"r-{profile}", 2, NOW - 2700, 2700)))
+        assert res.goodput_score is not None and 0.0 <= res.goodput_score <= 1.0
+        want = f"{res.goodput_score:.0%}"
+        assert f"*Goodput score*\n{want}" in _fields(res.goodput_score)
+        digest = json.dumps(render_digest(CFG, [("nlp", 3.0, [{"job_id": "1", "user": "alice", "name": "x",
+                                                                "wasted": 3.0, "score": res.goodput_score}])], "d"))
+        assert f"goodput {want}" in digest
+    assert "*Goodput score*\n100%" in _fields(1.0)

@@ -50,7 +50,7 @@ def test_report_contract() -> None:
     assert r["mfu"]["basis"] == MFU_BASIS
     assert 0 <= r["mfu"]["estimate"] <= 1 and r["mfu"]["peak_tflops"] == 989.0 * 2
     assert r["n_gpus"] == 2 and abs(r["allocated_gpu_hours"] - 2 * 42 / 60) < 0.01
-    assert 0 <= r["goodput_score"] <= 100
+    assert 0 <= r["goodput_score"] <= 1
     assert r["wasted_gpu_hours"]["input_stall"] > 0
     assert r["wasted_gpu_hours_total"] <= r["allocated_gpu_hours"]
     g = r["per_gpu"][0]

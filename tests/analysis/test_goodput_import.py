@@ -96,7 +96,7 @@ def test_imported_history_flags_equal_live(engine: Any, tmp_path: Any) -> None:
                                 .join(Cluster, Cluster.id == Job.cluster_id).where(Cluster.name == "hist")).all())
         states = set(c.execute(select(Job.state)).scalars())
     assert states == {"ended"}
-    assert scores["h-idle_gpu"] == 0.0 and scores["h-vision_train"] > 80
+    assert scores["h-idle_gpu"] == 0.0 and scores["h-vision_train"] > 0.8
     # Imported (ended) jobs keep their findings, resolved: nothing is going on any more.
     with engine.connect() as c:
         assert not any(c.execute(select(Flag.open)).scalars())
