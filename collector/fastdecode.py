@@ -2,8 +2,10 @@
 (``ts`` numbers, ``gpu`` strings, ``job`` strings or null, fields numbers or null) instead of
 the protocol's generic ``float | int | str | None`` cells, so no second pass is needed to
 reject strings among numbers. Anything this decoder refuses goes through the generic
-``protocol.decode`` + ``storage.writes.prepare`` path, which produces the precise error, so
-both paths accept and reject exactly the same bodies (tests/collector/test_fastdecode.py)."""
+``protocol.decode`` + ``collector.columns.prepare`` path, which produces the precise error, so
+both paths accept and reject exactly the same bodies (tests/collector/test_packed.py). The
+packed columns' structure is checked by ``protocol.check_packed`` (its one home) with the
+index extremes computed here by numpy."""
 
 from __future__ import annotations
 
@@ -11,20 +13,15 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from cachetools import LRUCache
 
 from gpufleet import protocol
+from gpufleet.collector.columns import FieldBounds, field_bounds, field_bounds_ok, prepare_typed
+from gpufleet.collector.errors import BatchRejected
 from gpufleet.collector.validate import check_gpus, check_jobs
 from gpufleet.protocol import Allocation, Batch, Event, GpuInfo, JobInfo, Packed
-from gpufleet.storage.writes import (
-    FIELD_INDEX,
-    NF,
-    BatchRejected,
-    FieldBounds,
-    Prepared,
-    field_bounds,
-    field_bounds_ok,
-    prepare_typed,
-)
+from gpufleet.storage.fields import FIELD_INDEX, NF
+from gpufleet.storage.prepared import Prepared
 
 
 class _Batch(msgspec.Struct, forbid_unknown_fields=True):
@@ -67,13 +64,12 @@ def _f64_payload(col: msgspec.Raw) -> tuple[int, memoryview] | None:
 class _DimCache:
     """Decoded and checked ``gpus`` / ``jobs`` lists by their encoded bytes: an agent sends
     the same lists in every batch, and checking 8 GPUs' strings costs more than the rest of a
-    packed batch's decode. Bounded: cleared when full (a miss only costs the check)."""
+    packed batch's decode. Bounded (least recently used out; a miss only costs the check)."""
 
     def __init__(self, item: type, check: Any, limit: int = 50_000) -> None:
         self.dec = {"msgpack": msgspec.msgpack.Decoder(list[item]), "json": msgspec.json.Decoder(list[item])}
         self.check = check
-        self.limit = limit
-        self.cache: dict[tuple[str, bytes], list[Any]] = {}
+        self.cache: LRUCache[tuple[str, bytes], list[Any]] = LRUCache(limit)
 
     def get(self, raw: msgspec.Raw, fmt: str) -> list[Any] | None:
         """The list, or None when it does not decode or breaks a limit (the generic path then
@@ -89,8 +85,6 @@ class _DimCache:
             self.check(items)
         except (msgspec.DecodeError, msgspec.ValidationError, BatchRejected):
             return None
-        if len(self.cache) >= self.limit:
-            self.cache.clear()
         self.cache[key] = items
         return items  # type: ignore[no-any-return]
 
@@ -183,7 +177,7 @@ def decode_prepared(body: bytes, content_type: str | None) -> Prepared | None:
     return prepare_typed(batch, decoded)
 
 
-_FIELD_ARRAYS: dict[tuple[str, ...], tuple[np.ndarray, FieldBounds] | None] = {}
+_FIELD_ARRAYS: LRUCache[tuple[str, ...], tuple[np.ndarray, FieldBounds] | None] = LRUCache(1024)
 
 
 def _field_arrays(fields: list[str]) -> tuple[np.ndarray, FieldBounds] | None:
@@ -198,27 +192,30 @@ def _field_arrays(fields: list[str]) -> tuple[np.ndarray, FieldBounds] | None:
     if -1 not in idx and len(set(idx)) == len(idx):
         ia = np.array(idx, dtype=np.intp)
         out = (ia, field_bounds(ia))
-    if len(_FIELD_ARRAYS) < 1024:
-        _FIELD_ARRAYS[key] = out
+    _FIELD_ARRAYS[key] = out
     return out
 
 
 def _from_packed(b: _Batch, p: Packed, gpus_info: list[GpuInfo], jobs_info: list[JobInfo]) -> Prepared | None:
-    """Binary columns -> Prepared with a handful of numpy calls whatever the row count. Any
-    structural or value problem returns None: the generic path then names it."""
+    """Binary columns -> Prepared with a handful of numpy calls whatever the row count. A
+    structural problem raises ProtocolError (``protocol.check_packed``); a value problem
+    returns None: the generic path then names the field and row."""
     n = p.n
-    k = len(p.fields)
-    if n <= 0 or len(p.ts) != 8 * n or len(p.gpu) != 2 * n or len(p.values) != 8 * n * k \
-            or (p.job and len(p.job) != 4 * n):
+    if n <= 0:
+        protocol.check_packed(p)  # a negative n is refused there; no rows: the generic path
         return None
+    gi = np.frombuffer(p.gpu, dtype="<u2") if len(p.gpu) == 2 * n else None
+    ji = np.frombuffer(p.job, dtype="<i4") if p.job and len(p.job) == 4 * n else None
+    protocol.check_packed(p, gpu_max=int(gi.max()) if gi is not None else None,
+                          job_min=int(ji.min()) if ji is not None else None,
+                          job_max=int(ji.max()) if ji is not None else None)
+    assert gi is not None  # check_packed refused any other length
+    k = len(p.fields)
     fa = _field_arrays(p.fields) if k else None
     if k and fa is None:
         return None
     ts = np.frombuffer(p.ts, dtype="<f8")
     if not np.isfinite(ts).all():
-        return None
-    gi = np.frombuffer(p.gpu, dtype="<u2")
-    if int(gi.max()) >= len(p.gpus):
         return None
     vals = np.full((NF, n), np.nan)
     if fa is not None:
@@ -229,10 +226,7 @@ def _from_packed(b: _Batch, p: Packed, gpus_info: list[GpuInfo], jobs_info: list
         vals[idx] = mat
     gpus = p.gpus
     gpu = [gpus[i] for i in gi.tolist()]
-    if p.job:
-        ji = np.frombuffer(p.job, dtype="<i4")
-        if int(ji.min()) < -1 or int(ji.max()) >= len(p.jobs):
-            return None
+    if ji is not None:
         table: list[str | None] = [*p.jobs, None]  # index -1 picks the None at the end
         job = [table[i] for i in ji.tolist()]
     else:

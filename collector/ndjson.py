@@ -19,7 +19,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,23 +28,21 @@ import msgspec
 from sqlalchemy import Connection, Engine, select
 
 from gpufleet.catalog import CATALOG
+from gpufleet.collector.columns import prepare
+from gpufleet.collector.errors import BatchRejected, from_refusal
 from gpufleet.collector.validate import check_batch
 from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo
 from gpufleet.storage import retention
+from gpufleet.storage.errors import WriteRefused
+from gpufleet.storage.jobs import close_stale_jobs
 from gpufleet.storage.models import Cluster, Gpu, Node
-from gpufleet.storage.writes import (
-    BatchRejected,
-    Prepared,
-    WriteCache,
-    close_stale_jobs,
-    prepare,
-    write_batches,
-)
+from gpufleet.storage.prepared import Prepared
+from gpufleet.storage.write_cache import WriteCache
+from gpufleet.storage.writes import write_batches
 
 KNOWN = frozenset(("ts", "node", "gpu", "job", "user", "cluster", *CATALOG.names))
 CHUNK_LINES = 50_000
 MAX_LINE = 64 * 1024
-_ROW_RE = re.compile(r"^samples\.(\w+)\[(\d+)\]: ?(.*)$", re.S)
 _decoder = msgspec.json.Decoder()
 
 
@@ -192,11 +189,13 @@ def _batches(groups: dict[tuple[str, str], _Group], jobs: dict[tuple[str, str], 
 
 
 def _line_error(e: BatchRejected, g: _Group) -> ImportError_:
-    m = _ROW_RE.match(e.detail)
-    if m:
-        name, row, rest = m.group(1), int(m.group(2)), m.group(3)
-        return ImportError_(f"line {g.lines[row]}: {name}: {rest}", e.status if e.status != 413 else 422)
-    return ImportError_(f"line {g.lines[0]} (node {g.node!r}): {e.detail}", e.status if e.status != 413 else 422)
+    """A batch's rejection as the file's line: a sample row maps back to its line; anything
+    else (a whole-batch limit) names the group's first line and node."""
+    r = e.rejection
+    status = r.status if r.status != 413 else 422
+    if r.part == "samples" and r.row is not None and r.row < len(g.lines):
+        return ImportError_(f"line {g.lines[r.row]}: {r.field}: {r.message}", status)
+    return ImportError_(f"line {g.lines[0]} (node {g.node!r}): {r.detail}", status)
 
 
 def _validate(b: Batch, g: _Group, now: float) -> Prepared:
@@ -263,8 +262,8 @@ def import_file(engine: Engine, path: str, *, cluster: str | None = None, encodi
             preps = [_validate(b, g, now) for b, g in pairs]
             try:
                 w = write_batches(conn, preps, now, cache)
-            except BatchRejected as e:
-                raise _line_error(e, pairs[e.index or 0][1]) from None
+            except WriteRefused as e:
+                raise _line_error(from_refusal(e), pairs[e.index or 0][1]) from None
             res.stored += w.stored
             dup = dup and w.duplicate
         close_stale_jobs(conn, now)

@@ -28,12 +28,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gpufleet import protocol
+from gpufleet.collector.columns import prepare
 from gpufleet.collector.config import CollectorConfig
+from gpufleet.collector.errors import BatchRejected, from_protocol
 from gpufleet.collector.fastdecode import decode_prepared
 from gpufleet.collector.validate import check_batch
 from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable
 from gpufleet.storage import retention, tokens
-from gpufleet.storage.writes import BatchRejected, close_stale_jobs, prepare
+from gpufleet.storage.jobs import close_stale_jobs
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -209,9 +211,8 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
         prep = decode_prepared(raw, ctype)
         batch = prep.batch if prep is not None else protocol.decode(raw, ctype)
     except protocol.ProtocolError as e:
-        msg = str(e)
-        status = 415 if msg.startswith("unsupported") else 413 if "exceeds" in msg else 400
-        return _answer(status, msg)
+        r = from_protocol(e)
+        return _answer(r.status, r.detail)
     try:
         tokens.check_scope(who, batch.agent.cluster, batch.agent.node)
     except tokens.AuthError as e:

@@ -1,4 +1,4 @@
-"""Hard limits on a decoded batch, beyond the catalog checks ``storage.writes.prepare`` does:
+"""Hard limits on a decoded batch, beyond the catalog checks ``collector.columns.prepare`` does:
 sizes, string lengths (the schema's and sane ones), integer ranges the columns can hold,
 timestamps too far in the past or future. Every message names the field and row; a batch
 that fails stores nothing."""
@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from gpufleet.collector.errors import BatchRejected, reject
 from gpufleet.protocol import Batch, GpuInfo, JobInfo
-from gpufleet.storage.writes import BatchRejected, Prepared
+from gpufleet.storage.prepared import Prepared
 
 INT32 = 2**31 - 1
 INT63 = 2**63 - 1
@@ -23,35 +24,36 @@ MAX_EVENTS = 10_000
 MAX_LABELS = 64
 
 
-def _str(where: str, v: str | None, limit: int, *, required: bool = False) -> None:
+def _str(part: str, field: str | None, v: str | None, limit: int, *, row: int | None = None,
+         required: bool = False) -> None:
     if v is None:
         return
     if required and not v:
-        raise BatchRejected(f"{where}: must not be empty")
+        raise reject(part, "must not be empty", field=field, row=row)
     if len(v) > limit:
-        raise BatchRejected(f"{where}: {len(v)} characters, at most {limit}")
+        raise reject(part, f"{len(v)} characters, at most {limit}", field=field, row=row)
     if "\x00" in v:
-        raise BatchRejected(f"{where}: contains a NUL character")
+        raise reject(part, "contains a NUL character", field=field, row=row)
     try:
         v.encode("utf-8")
     except UnicodeEncodeError:
-        raise BatchRejected(f"{where}: not valid UTF-8 (lone surrogate)") from None
+        raise reject(part, "not valid UTF-8 (lone surrogate)", field=field, row=row) from None
 
 
-def _int(where: str, v: int | None, lo: int, hi: int) -> None:
+def _int(part: str, field: str, v: int | None, lo: int, hi: int, *, row: int | None = None) -> None:
     if v is not None and not lo <= v <= hi:
-        raise BatchRejected(f"{where}: {v} outside [{lo}, {hi}]")
+        raise reject(part, f"{v} outside [{lo}, {hi}]", field=field, row=row)
 
 
-def _ts(where: str, v: float | None, lo: float, hi: float) -> None:
+def _ts(part: str, field: str, v: float | None, lo: float, hi: float, *, row: int | None = None) -> None:
     if v is None:
         return
     if not math.isfinite(v):
-        raise BatchRejected(f"{where}: {v!r} is not a finite number")
+        raise reject(part, f"{v!r} is not a finite number", field=field, row=row)
     if v < lo:
-        raise BatchRejected(f"{where}: {v:.3f} is too far in the past (before {lo:.0f})")
+        raise reject(part, f"{v:.3f} is too far in the past (before {lo:.0f})", field=field, row=row)
     if v > hi:
-        raise BatchRejected(f"{where}: {v:.3f} is in the future (after {hi:.0f}; check the node's clock)")
+        raise reject(part, f"{v:.3f} is in the future (after {hi:.0f}; check the node's clock)", field=field, row=row)
 
 
 def check_batch(batch: Batch, prep: Prepared, now: float, *, max_rows: int, max_age_s: float | None,
@@ -60,39 +62,39 @@ def check_batch(batch: Batch, prep: Prepared, now: float, *, max_rows: int, max_
     ``dims_checked``: the caller already ran check_gpus and check_jobs on these lists."""
     a = batch.agent
     if prep.n > max_rows:
-        raise BatchRejected(f"samples: {prep.n} rows, at most {max_rows} per batch", 413)
+        raise reject("samples", f"{prep.n} rows, at most {max_rows} per batch", status=413)
     for name, n, limit in (("gpus", len(batch.gpus), MAX_GPUS), ("jobs", len(batch.jobs), MAX_JOBS),
                            ("allocations", len(batch.allocations), MAX_ALLOCATIONS),
                            ("events", len(batch.events), MAX_EVENTS)):
         if n > limit:
-            raise BatchRejected(f"{name}: {n} entries, at most {limit}", 413)
+            raise reject(name, f"{n} entries, at most {limit}", status=413)
     lo = now - max_age_s if max_age_s is not None else 946684800.0  # 2000-01-01
     hi = now + max_future_s
-    _str("agent.boot_id", a.boot_id, 64, required=True)
-    _int("agent.seq", a.seq, 0, INT63)
-    _str("agent.node", a.node, 255, required=True)
-    _str("agent.cluster", a.cluster, 128, required=True)
-    _str("agent.version", a.version, 64)
+    _str("agent", "boot_id", a.boot_id, 64, required=True)
+    _int("agent", "seq", a.seq, 0, INT63)
+    _str("agent", "node", a.node, 255, required=True)
+    _str("agent", "cluster", a.cluster, 128, required=True)
+    _str("agent", "version", a.version, 64)
     if not math.isfinite(a.sent_at):
-        raise BatchRejected("agent.sent_at: not a finite number")
+        raise reject("agent", "not a finite number", field="sent_at")
     if not dims_checked:
         check_gpus(batch.gpus)
         check_jobs(batch.jobs)
     for i, j in enumerate(batch.jobs):
-        _ts(f"jobs[{i}].start_ts", j.start_ts, 946684800.0, hi)
+        _ts("jobs", "start_ts", j.start_ts, 946684800.0, hi, row=i)
     for i, al in enumerate(batch.allocations):
-        _str(f"allocations[{i}].gpu_uuid", al.gpu_uuid, 96, required=True)
-        _str(f"allocations[{i}].job_id", al.job_id, 255, required=True)
-        _ts(f"allocations[{i}].since", al.since, 946684800.0, hi)
+        _str("allocations", "gpu_uuid", al.gpu_uuid, 96, row=i, required=True)
+        _str("allocations", "job_id", al.job_id, 255, row=i, required=True)
+        _ts("allocations", "since", al.since, 946684800.0, hi, row=i)
     for i, e in enumerate(batch.events):
-        _ts(f"events[{i}].ts", e.ts, lo, hi)
-        _str(f"events[{i}].gpu_uuid", e.gpu_uuid, 96)
-        _int(f"events[{i}].code", e.code, -INT32, INT32)
-        _str(f"events[{i}].message", e.message, 4096)
+        _ts("events", "ts", e.ts, lo, hi, row=i)
+        _str("events", "gpu_uuid", e.gpu_uuid, 96, row=i)
+        _int("events", "code", e.code, -INT32, INT32, row=i)
+        _str("events", "message", e.message, 4096, row=i)
     if prep.n:
         _check_ts(prep.ts, lo, hi)
-        _check_strings("samples.gpu", prep.gpu, 96, required=True)
-        _check_strings("samples.job", prep.job, 255, required=False)
+        _check_strings("gpu", prep.gpu, 96, required=True)
+        _check_strings("job", prep.job, 255, required=False)
 
 
 def check_gpus(gpus: list[GpuInfo]) -> None:
@@ -100,16 +102,16 @@ def check_gpus(gpus: list[GpuInfo]) -> None:
     remember that an identical list passed (an agent sends the same one every batch)."""
     listed: set[str] = set()
     for i, g in enumerate(gpus):
-        _int(f"gpus[{i}].index", g.index, 0, 65535)
-        _str(f"gpus[{i}].uuid", g.uuid, 96, required=True)
-        _str(f"gpus[{i}].model", g.model, 128)
-        _str(f"gpus[{i}].mig_profile", g.mig_profile, 64)
-        _str(f"gpus[{i}].parent_uuid", g.parent_uuid, 96)
+        _int("gpus", "index", g.index, 0, 65535, row=i)
+        _str("gpus", "uuid", g.uuid, 96, row=i, required=True)
+        _str("gpus", "model", g.model, 128, row=i)
+        _str("gpus", "mig_profile", g.mig_profile, 64, row=i)
+        _str("gpus", "parent_uuid", g.parent_uuid, 96, row=i)
         m = g.memory_total_bytes
         if m is not None and not (math.isfinite(m) and 0 <= m <= 1e15):
-            raise BatchRejected(f"gpus[{i}].memory_total_bytes: {m!r} outside [0, 1e15]")
+            raise reject("gpus", f"{m!r} outside [0, 1e15]", field="memory_total_bytes", row=i)
         if g.uuid in listed:
-            raise BatchRejected(f"gpus[{i}].uuid: {g.uuid!r} listed twice")
+            raise reject("gpus", f"{g.uuid!r} listed twice", field="uuid", row=i)
         listed.add(g.uuid)
 
 
@@ -117,34 +119,32 @@ def check_jobs(jobs: list[JobInfo]) -> None:
     """The ``jobs`` list's limits except start_ts (which depends on the clock): like
     check_gpus, a function of the list alone."""
     for i, j in enumerate(jobs):
-        w = f"jobs[{i}]"
-        _str(f"{w}.job_id", j.job_id, 255, required=True)
+        _str("jobs", "job_id", j.job_id, 255, row=i, required=True)
         for k, lim in (("user", 255), ("name", 512), ("account", 255), ("partition", 255), ("namespace", 255)):
-            _str(f"{w}.{k}", getattr(j, k), lim)
-        _int(f"{w}.num_nodes", j.num_nodes, 0, INT32)
-        _int(f"{w}.ntasks", j.ntasks, 0, INT32)
+            _str("jobs", k, getattr(j, k), lim, row=i)
+        _int("jobs", "num_nodes", j.num_nodes, 0, INT32, row=i)
+        _int("jobs", "ntasks", j.ntasks, 0, INT32, row=i)
         if len(j.labels) > MAX_LABELS:
-            raise BatchRejected(f"{w}.labels: {len(j.labels)} labels, at most {MAX_LABELS}")
+            raise reject("jobs", f"{len(j.labels)} labels, at most {MAX_LABELS}", field="labels", row=i)
         for k, v in j.labels.items():
-            _str(f"{w}.labels key", k, 128, required=True)
-            _str(f"{w}.labels[{k!r}]", v, 1024)
+            _str("jobs", "labels key", k, 128, row=i, required=True)
+            _str("jobs", f"labels[{k!r}]", v, 1024, row=i)
 
 
 def _check_ts(ts: np.ndarray, lo: float, hi: float) -> None:
     bad = (ts < lo) | (ts > hi)
     if bad.any():
         i = int(np.argmax(bad))
-        _ts(f"samples.ts[{i}]", float(ts[i]), lo, hi)
+        _ts("samples", "ts", float(ts[i]), lo, hi, row=i)
 
 
-def _check_strings(where: str, col: Iterable[Any], limit: int, *, required: bool) -> None:
+def _check_strings(field: str, col: Iterable[Any], limit: int, *, required: bool) -> None:
     # Rows repeat a handful of distinct values: check each distinct value once.
     col = list(col)
     for v in set(col):
         if v is None:
             continue
         try:
-            _str(where, v, limit, required=required)
+            _str("samples", field, v, limit, required=required)
         except BatchRejected as e:
-            i = col.index(v)
-            raise BatchRejected(e.detail.replace(where, f"{where}[{i}]", 1), e.status) from None
+            raise e.at(row=col.index(v)) from None

@@ -11,8 +11,9 @@ Failure handling, in order of likelihood:
 - the database is unreachable or restarting: every waiting request gets 503 + Retry-After
   and nothing is acknowledged (the agent's spool retries the same (boot_id, seq));
 - a deadlock/serialisation failure between collector processes: the group is retried;
-- one batch is unstorable (BatchRejected, e.g. a GPU claimed by another node): that
-  request gets its 4xx and the rest of the group is retried without it;
+- one batch is unstorable (storage.errors.WriteRefused, e.g. a GPU claimed by another
+  node): that request gets its 4xx (collector.errors.from_refusal) and the rest of the group
+  is retried without it;
 - an unexpected error: the group is split and retried batch by batch, so only the batch
   that fails alone gets a 500.
 The queue is bounded in rows: when full, ingest answers 503 at once (never unbounded memory)."""
@@ -27,10 +28,13 @@ from collections import deque
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
 
+from gpufleet.collector.errors import from_refusal
 from gpufleet.storage import retention
-from gpufleet.storage.writes import BatchRejected, BatchResult, Prepared, WriteCache, write_batches
+from gpufleet.storage.errors import WriteRefused, is_missing_partition, is_transient, is_unreachable
+from gpufleet.storage.prepared import BatchResult, Prepared
+from gpufleet.storage.write_cache import WriteCache
+from gpufleet.storage.writes import write_batches
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +52,6 @@ class _Item:
     prep: Prepared
     loop: asyncio.AbstractEventLoop
     fut: asyncio.Future[BatchResult]
-
-
-def _transient(e: BaseException) -> bool:
-    if isinstance(e, OperationalError):
-        return True
-    if isinstance(e, DBAPIError):
-        if e.connection_invalidated:
-            return True
-        code = getattr(getattr(e, "orig", None), "sqlstate", None) or ""
-        # 40001 serialization, 40P01 deadlock, 57P01-03 admin shutdown / cannot connect now,
-        # 08xxx connection exceptions, 53xxx insufficient resources, 55P03 lock not available
-        return code.startswith(("40", "57P", "08", "53", "55P03"))
-    return False
-
-
-def _no_partition(e: BaseException) -> bool:
-    return "no partition of relation" in str(e)
 
 
 class GroupWriter:
@@ -157,21 +144,23 @@ class GroupWriter:
                 self._ensure_partitions(preps)
                 with self.engine.begin() as conn:
                     res = write_batches(conn, preps, time.time(), self.cache)
-            except BatchRejected as e:
+            except WriteRefused as e:
                 self.cache.clear()
                 idx = e.index if e.index is not None else 0
-                _resolve(pending[idx], exc=e)
+                _resolve(pending[idx], exc=from_refusal(e))
                 pending.pop(idx)
                 continue
             except Exception as e:
                 self.cache.clear()
-                if _no_partition(e):
+                no_partition = is_missing_partition(e)
+                if no_partition:
                     retention.forget()
-                if (_transient(e) or _no_partition(e)) and attempts < 3 and not _connection_down(e):
+                retry = is_transient(e) or no_partition
+                if retry and attempts < 3 and not is_unreachable(e):
                     log.info("retrying group of %d after %s", len(pending), type(e).__name__)
                     time.sleep(0.05 * attempts)
                     continue
-                if _transient(e) or _no_partition(e):
+                if retry:
                     log.warning("database unavailable: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
                     for it in pending:
                         _resolve(it, exc=Unavailable("database unavailable, retry later"))
@@ -199,13 +188,6 @@ class GroupWriter:
             days |= retention.days_of(p.ts)
         if days:
             retention.ensure_partitions(self.engine, days)
-
-
-def _connection_down(e: BaseException) -> bool:
-    # Cannot connect at all: retrying inside this request only adds latency; the agent retries.
-    msg = str(e).lower()
-    return "connection refused" in msg or "could not connect" in msg or "connection failed" in msg \
-        or "shutting down" in msg or "starting up" in msg
 
 
 def _resolve(it: _Item, *, result: BatchResult | None = None, exc: BaseException | None = None) -> None:

@@ -260,37 +260,50 @@ def pack_samples(samples: dict[str, list[Any]]) -> Packed:
                   fields=fields, values=_le(vals), jobs=jobs, job=job)
 
 
-def unpack_samples(p: Packed) -> dict[str, list[Any]]:
-    """``Packed`` -> columnar samples (NaN -> None), checking its structure; ProtocolError names
-    the part that is wrong. The values themselves are checked by the collector like any
-    other samples."""
+def check_packed(p: Packed, *, gpu_max: int | None = None, job_min: int | None = None,
+                 job_max: int | None = None) -> None:
+    """The one check of ``Packed``'s structure (lengths, field names, row indices); raises
+    ProtocolError naming the part. Callers that already hold the index columns as arrays
+    pass their extremes (``gpu_max``, ``job_min``/``job_max``) so nothing is decoded here
+    unless one is out of range (then the first bad row is found for the message)."""
     n = p.n
     if n < 0:
-        raise ProtocolError(f"packed.n: {n} must not be negative")
+        raise ProtocolError(f"{n} must not be negative", part="packed", field="n")
     for name, data, size in (("ts", p.ts, 8), ("gpu", p.gpu, 2)):
         if len(data) != size * n:
-            raise ProtocolError(f"packed.{name}: {len(data)} bytes, expected {size} x n = {size * n}")
+            raise ProtocolError(f"{len(data)} bytes, expected {size} x n = {size * n}", part="packed", field=name)
     if p.job and len(p.job) != 4 * n:
-        raise ProtocolError(f"packed.job: {len(p.job)} bytes, expected 4 x n = {4 * n} (or none)")
+        raise ProtocolError(f"{len(p.job)} bytes, expected 4 x n = {4 * n} (or none)", part="packed", field="job")
     if len(p.values) != 8 * n * len(p.fields):
-        raise ProtocolError(f"packed.values: {len(p.values)} bytes, expected 8 x n x len(fields) = "
-                            f"{8 * n * len(p.fields)}")
+        raise ProtocolError(f"{len(p.values)} bytes, expected 8 x n x len(fields) = {8 * n * len(p.fields)}",
+                            part="packed", field="values")
     seen: set[str] = set()
     for f in p.fields:
         if f in ("ts", "gpu", "job") or f in seen:
-            raise ProtocolError(f"packed.fields: {f!r} {'listed twice' if f in seen else 'is not a field name'}")
+            raise ProtocolError(f"{f!r} {'listed twice' if f in seen else 'is not a field name'}",
+                                part="packed", field="fields")
         seen.add(f)
+    if n and (gpu_max is None or gpu_max >= len(p.gpus)):
+        for r, i in enumerate(_from_le("H", p.gpu)):
+            if i >= len(p.gpus):
+                raise ProtocolError(f"index {i}, but packed.gpus has {len(p.gpus)} entries",
+                                    part="packed", field="gpu", row=r)
+    if n and p.job and (job_min is None or job_max is None or job_min < -1 or job_max >= len(p.jobs)):
+        for r, i in enumerate(_from_le("i", p.job)):
+            if not -1 <= i < len(p.jobs):
+                raise ProtocolError(f"index {i}, expected -1 (none) or below {len(p.jobs)}",
+                                    part="packed", field="job", row=r)
+
+
+def unpack_samples(p: Packed) -> dict[str, list[Any]]:
+    """``Packed`` -> columnar samples (NaN -> None), after ``check_packed``. The values
+    themselves are checked by the collector like any other samples."""
+    check_packed(p)
+    n = p.n
     gi = _from_le("H", p.gpu)
-    for r, i in enumerate(gi):
-        if i >= len(p.gpus):
-            raise ProtocolError(f"packed.gpu[{r}]: index {i}, but packed.gpus has {len(p.gpus)} entries")
     out: dict[str, list[Any]] = {"ts": _from_le("d", p.ts), "gpu": [p.gpus[i] for i in gi]}
     if p.job:
-        ji = _from_le("i", p.job)
-        for r, i in enumerate(ji):
-            if not -1 <= i < len(p.jobs):
-                raise ProtocolError(f"packed.job[{r}]: index {i}, expected -1 (none) or below {len(p.jobs)}")
-        out["job"] = [None if i < 0 else p.jobs[i] for i in ji]
+        out["job"] = [None if i < 0 else p.jobs[i] for i in _from_le("i", p.job)]
     else:
         out["job"] = [None] * n
     vals = _from_le("d", p.values)
@@ -326,8 +339,22 @@ def encode(batch: Batch, *, compress: Literal["zstd", "gzip", None] = "zstd",
     return body, headers
 
 
+ProtocolErrorKind = Literal["malformed", "unsupported", "too_large"]
+
+
 class ProtocolError(ValueError):
-    """The body cannot be understood; the message says where."""
+    """The body cannot be understood. A value, not a string to parse back: ``kind`` says why
+    (the collector maps it to a status), ``part``/``field``/``row`` say where (None: the body)."""
+
+    def __init__(self, message: str, *, kind: ProtocolErrorKind = "malformed", part: str | None = None,
+                 field: str | None = None, row: int | None = None) -> None:
+        where = f"{part}.{field}" if part and field else (part or "")
+        super().__init__(f"{where}{f'[{row}]' if row is not None else ''}: {message}" if where else message)
+        self.message = message
+        self.kind: ProtocolErrorKind = kind
+        self.part = part
+        self.field = field
+        self.row = row
 
 
 def decompress(body: bytes, encoding: str | None, *, max_size: int) -> bytes:
@@ -344,7 +371,7 @@ def decompress(body: bytes, encoding: str | None, *, max_size: int) -> bytes:
         except zlib.error as e:
             raise ProtocolError(f"gzip body is corrupt: {e}") from None
         if len(out) > max_size or d.unconsumed_tail:
-            raise ProtocolError(f"decompressed body exceeds {max_size} bytes")
+            raise ProtocolError(f"decompressed body exceeds {max_size} bytes", kind="too_large")
         return out
     if enc == "zstd":
         import zstandard
@@ -355,9 +382,9 @@ def decompress(body: bytes, encoding: str | None, *, max_size: int) -> bytes:
         except zstandard.ZstdError as e:
             raise ProtocolError(f"zstd body is corrupt: {e}") from None
         if len(out) > max_size:
-            raise ProtocolError(f"decompressed body exceeds {max_size} bytes")
+            raise ProtocolError(f"decompressed body exceeds {max_size} bytes", kind="too_large")
         return out
-    raise ProtocolError(f"unsupported Content-Encoding {encoding!r}: use gzip, zstd or none")
+    raise ProtocolError(f"unsupported Content-Encoding {encoding!r}: use gzip, zstd or none", kind="unsupported")
 
 
 def decode(body: bytes, content_type: str | None) -> Batch:
@@ -369,7 +396,8 @@ def decode(body: bytes, content_type: str | None) -> Batch:
         elif ct == JSON:
             batch = _json_dec.decode(body)
         else:
-            raise ProtocolError(f"unsupported Content-Type {content_type!r}: use {MSGPACK} or {JSON}")
+            raise ProtocolError(f"unsupported Content-Type {content_type!r}: use {MSGPACK} or {JSON}",
+                                kind="unsupported")
     except msgspec.ValidationError as e:
         raise ProtocolError(f"invalid batch: {e}") from None
     except msgspec.DecodeError as e:
@@ -378,6 +406,6 @@ def decode(body: bytes, content_type: str | None) -> Batch:
         raise ProtocolError(f"protocol version {batch.v} not supported (this collector speaks {PROTOCOL_VERSION})")
     if batch.packed is not None:
         if batch.samples:
-            raise ProtocolError("a batch carries its rows in samples or in packed, not both")
+            raise ProtocolError("a batch carries its rows in samples or in packed, not both", part="packed")
         batch = msgspec.structs.replace(batch, samples=unpack_samples(batch.packed), packed=None)
     return batch

@@ -112,6 +112,25 @@ def ensure_partitions(engine: Engine, days: Iterable[int], tables: Iterable[str]
     return created
 
 
+def ensure_partitions_in(conn: Connection, days: Iterable[int]) -> None:
+    """Inside a write transaction (PostgreSQL): create the partitions for ``days`` that this
+    process does not know to exist. Normally a no-op, because the caller created them ahead
+    with ``ensure_partitions``; this covers a day that another process's retention dropped
+    or that a rolled-back transaction never committed."""
+    url = conn.engine.url.render_as_string(hide_password=True)
+    todo = missing_days(url, days)
+    for table, day in todo:
+        name = partition_name(table, day)
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": name})
+        conn.execute(text(create_partition_sql(table, day)))
+    # Marked known only by the caller's successful commit would be exact; marking now is
+    # safe because a rollback leaves "no partition for row" errors (errors.is_missing_partition),
+    # on which the writer calls ``forget`` and retries.
+    with _known_lock:
+        for table, day in todo:
+            _known.add((url, table, day))
+
+
 def ensure_ahead(engine: Engine, now: float, days_ahead: int = 2) -> int:
     """Today's partitions and the next ``days_ahead`` days' (the maintenance loop calls this)."""
     today = day_of(now)

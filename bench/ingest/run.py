@@ -430,6 +430,7 @@ def job_dataset(hours: float, gpus: int, start: float) -> Iterator[tuple[int, np
 
 
 def load_pg_dataset(url: str, hours: float, gpus: int, start: float) -> int:
+    from gpufleet.collector.columns import prepare
     from gpufleet.storage import retention
     from gpufleet.storage.db import make_engine
     from gpufleet.storage.migrate import upgrade
@@ -465,7 +466,7 @@ def load_pg_dataset(url: str, hours: float, gpus: int, start: float) -> int:
                                          samples={"ts": ts_col, "gpu": gpu_col, "job": ["qjob"] * len(ts_col), **cols}))
                     seq += 1
             with e.begin() as c:
-                rows += write_batches(c, batches, time.time(), cache).stored
+                rows += write_batches(c, [prepare(b) for b in batches], time.time(), cache).stored
             per_hour = {}
     e.dispose()
     import psycopg

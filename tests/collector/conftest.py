@@ -9,8 +9,17 @@ from collections.abc import Callable
 import pytest
 
 from gpufleet.catalog import CATALOG
+from gpufleet.collector.columns import prepare
 from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo
 from gpufleet.storage.db import make_engine
+from gpufleet.storage.write_cache import WriteCache
+from gpufleet.storage.writes import WriteResult, write_batches
+
+
+def store(conn, batches: list[Batch], now: float, cache: WriteCache | None = None) -> WriteResult:  # type: ignore[no-untyped-def]
+    """Check the batches as the collector does (``collector.columns.prepare``), then store
+    them with ``write_batches`` in the caller's transaction."""
+    return write_batches(conn, [prepare(b) for b in batches], now, cache)
 
 
 def gpu_uuid(node: str, index: int) -> str:

@@ -105,8 +105,9 @@ def test_fast_decode_agrees_with_generic_path(path, value, fmt) -> None:
     import numpy as np
 
     from gpufleet import protocol
+    from gpufleet.collector.columns import prepare
+    from gpufleet.collector.errors import BatchRejected
     from gpufleet.collector.fastdecode import decode_prepared
-    from gpufleet.storage.writes import BatchRejected, prepare
 
     doc = msgspec.to_builtins(make_batch("h1", seq=1, start=1.79e9, gpus=2, seconds=4))
     _set(doc, path, value)

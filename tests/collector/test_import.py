@@ -90,10 +90,12 @@ def test_import_reuses_live_gpu_and_cli(sqlite_url, tmp_path, capsys) -> None:
     from .conftest import make_batch
 
     e = make_engine(sqlite_url)
+    from gpufleet.collector.columns import prepare
     from gpufleet.storage.writes import write_batches
 
     with e.begin() as c:
-        write_batches(c, [make_batch("node-0", seq=0, start=time.time() - 7200, gpus=2, seconds=1)], time.time())
+        b = make_batch("node-0", seq=0, start=time.time() - 7200, gpus=2, seconds=1)
+        write_batches(c, [prepare(b)], time.time())
     p = tmp_path / "d.ndjson"
     n = write_lines(p, time.time() - 3600, nodes=1, job=None)
     assert main(["import", str(p), "--database-url", sqlite_url]) == 0

@@ -159,7 +159,7 @@ def test_rollups_match_raw_samples(database_url, live_server) -> None:
 
 def test_events_and_job_lifecycle(database_url, live_server) -> None:
     from gpufleet.protocol import Event
-    from gpufleet.storage.writes import close_stale_jobs
+    from gpufleet.storage.jobs import close_stale_jobs
 
     srv = live_server(database_url)
     now = time.time()

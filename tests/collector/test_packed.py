@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from gpufleet import protocol
+from gpufleet.collector.columns import prepare
+from gpufleet.collector.errors import BatchRejected
 from gpufleet.collector.fastdecode import decode_prepared
-from gpufleet.storage.writes import BatchRejected, prepare
 
 from .conftest import make_batch
 
@@ -178,8 +179,15 @@ def test_hostile_packed_never_5xx_never_partial(server, part, value, row, specia
     else:
         assert r.json()["detail"] and after == before, (part, value, r.text)
 
-    # The fast decoder accepts only what the generic path accepts, with the same arrays.
-    fast = decode_prepared(body, protocol.MSGPACK)
+    # The fast decoder accepts only what the generic path accepts, with the same arrays, and
+    # refuses a broken packed structure with the generic path's error (one check_packed).
+    try:
+        fast = decode_prepared(body, protocol.MSGPACK)
+    except protocol.ProtocolError as e:
+        with pytest.raises(protocol.ProtocolError) as slow_err:
+            protocol.decode(body, protocol.MSGPACK)
+        assert str(slow_err.value) == str(e) and slow_err.value.kind == e.kind
+        return
     if fast is None:
         return
     try:

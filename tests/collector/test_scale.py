@@ -10,9 +10,9 @@ from sqlalchemy import text
 
 from gpufleet.storage import retention
 from gpufleet.storage.db import make_engine
-from gpufleet.storage.writes import WriteCache, write_batches
+from gpufleet.storage.write_cache import WriteCache
 
-from .conftest import make_batch
+from .conftest import make_batch, store
 from .test_ingest import counts, post
 
 
@@ -59,10 +59,10 @@ def test_group_commit_many_batches_one_transaction(database_url) -> None:
     bs.append(bs[3])  # the same key twice in one group
     cache = WriteCache()
     with e.begin() as c:
-        r = write_batches(c, bs, now, cache)
+        r = store(c, bs, now, cache)
     assert [x.duplicate for x in r.results].count(True) == 1 and r.stored == 30 * 20
     with e.begin() as c:  # cached dimensions, all duplicates now
-        r2 = write_batches(c, bs, now, cache)
+        r2 = store(c, bs, now, cache)
     assert r2.duplicate and r2.stored == 0
     e.dispose()
     assert counts(database_url)["gpu_samples"] == 600
@@ -75,7 +75,7 @@ def test_partitions_and_retention(pg_url) -> None:
     old = make_batch("r1", seq=0, start=day - 20 * 86400 + 100, gpus=1, seconds=2)  # 20 days ago
     new = make_batch("r1", seq=1, start=now - 60, gpus=1, seconds=2)
     with e.begin() as c:
-        write_batches(c, [old, new], now)
+        store(c, [old, new], now)
     assert retention.ensure_ahead(e, now) >= 1  # tomorrow's partitions did not exist yet
     with e.connect() as c:
         parts = dict(retention.list_partitions(c, "gpu_samples"))
@@ -94,7 +94,7 @@ def test_retention_sqlite(sqlite_url) -> None:
     e = make_engine(sqlite_url)
     now = time.time()
     with e.begin() as c:
-        write_batches(c, [make_batch("r1", seq=0, start=now - 20 * 86400, gpus=1, seconds=2),
+        store(c, [make_batch("r1", seq=0, start=now - 20 * 86400, gpus=1, seconds=2),
                           make_batch("r1", seq=1, start=now - 60, gpus=1, seconds=2)], now)
     out = retention.apply_retention(e, now, raw_days=14, rollup_days=400)
     assert out["gpu_samples"] == 2 and out["gpu_samples_1m"] == 0
@@ -135,7 +135,7 @@ def test_samples_round_trip_exactly(database_url) -> None:
     b.samples["energy_j"] = [None] * len(b.samples["ts"])
     e = make_engine(database_url)
     with e.begin() as c:
-        write_batches(c, [b], now)
+        store(c, [b], now)
     with e.connect() as c:
         rows = c.execute(text("select s.*, g.uuid, j.job_id from gpu_samples s join gpus g on g.id = s.gpu_pk "
                               "left join jobs j on j.id = s.job_pk")).mappings().all()
@@ -208,7 +208,7 @@ def test_partial_fields_and_idle_gpus(database_url) -> None:
     b.samples["clock_event_reasons"][0] = None
     e = make_engine(database_url)
     with e.begin() as c:
-        assert write_batches(c, [b], now).stored == 6
+        assert store(c, [b], now).stored == 6
     with e.connect() as c:
         rows = c.execute(text("select g.uuid, r.job_pk, r.n, r.clock_event_reasons, r.temp_c from gpu_samples_1m r "
                               "join gpus g on g.id = r.gpu_pk")).all()

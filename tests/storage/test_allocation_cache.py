@@ -11,10 +11,10 @@ from typing import Any
 from sqlalchemy import event, text
 
 from gpufleet.storage import retention
-from gpufleet.storage.writes import ALLOC_TRUST_S, WriteCache, write_batches
+from gpufleet.storage.write_cache import ALLOC_TRUST_S, WriteCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from collector.conftest import make_batch
+from collector.conftest import make_batch, store
 
 T0 = 1_790_000_000.0
 
@@ -23,7 +23,7 @@ def _write(engine: Any, cache: WriteCache, seq: int, start: float, job: str | No
     b = make_batch("alloc-node", seq=seq, start=start, gpus=2, seconds=10, job=job, fields=("sm_active",))
     retention.ensure_partitions(engine, retention.days_of([start]))
     with engine.begin() as c:
-        write_batches(c, [b], now, cache)
+        store(c, [b], now, cache)
 
 
 def _allocations(engine: Any) -> list[tuple[str, float, float | None]]:

@@ -12,10 +12,10 @@ from sqlalchemy import text
 
 from gpufleet.catalog import CATALOG
 from gpufleet.storage import retention
-from gpufleet.storage.writes import WriteCache, write_batches
+from gpufleet.storage.write_cache import WriteCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from collector.conftest import make_batch
+from collector.conftest import make_batch, store
 
 T0 = 1_790_000_040.0 - 1_790_000_040.0 % 60  # a minute boundary
 KINDS = {}
@@ -38,7 +38,7 @@ def test_merge_equals_raw_aggregates_with_missing_fields(engine) -> None:  # typ
             if seq == 2 and name == names[0]:
                 b.samples[name] = [None] * len(b.samples[name])  # a whole batch without the field
         with engine.begin() as c:
-            write_batches(c, [b], T0 + 100, cache)
+            store(c, [b], T0 + 100, cache)
     with engine.connect() as c:
         raw = [dict(r) for r in c.execute(text("select * from gpu_samples order by ts")).mappings()]
         roll = [dict(r) for r in c.execute(text("select * from gpu_samples_1m")).mappings()]

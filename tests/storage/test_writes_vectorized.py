@@ -18,19 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpufleet.storage import writes
-from gpufleet.storage.writes import (
-    _ROLLUP,
-    BUCKET_S,
-    FIELDS,
-    NF,
-    SAMPLE_COLUMNS,
-    _Float8Array,
-    _Int4Array,
-    _PgArray,
-)
+from gpufleet.storage import copy_encoding, pg_arrays, rollups
+from gpufleet.storage.copy_encoding import SAMPLE_COLUMNS
+from gpufleet.storage.fields import FIELDS, NF
+from gpufleet.storage.fields import ROLLUP as _ROLLUP
+from gpufleet.storage.pg_arrays import _Float8Array, _Int4Array, _PgArray
+from gpufleet.storage.rollups import BUCKET_S
 
-# Wire-format constants of the reference, copied so a change in writes cannot move both sides.
+# Wire-format constants of the reference, copied so a change in the write path cannot move both sides.
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _VAL_DTYPE = {"f4": ">f4", "f8": ">f8", "i8": ">i8"}
 _VAL_SIZE = {"f4": 4, "f8": 8, "i8": 8}
@@ -205,12 +200,13 @@ def _assert_rollup_same(old: tuple[Any, ...], new: tuple[Any, ...]) -> None:
 @contextlib.contextmanager
 def _copy_path(path: str) -> Iterator[None]:
     """Force copy_buffer's block-per-pattern or byte-mask path for buffers with several patterns."""
-    saved = writes._COPY_MASK_BASE, writes._COPY_MASK_ROWS
-    writes._COPY_MASK_BASE, writes._COPY_MASK_ROWS = (0, 1 << 30) if path == "mask" else (1 << 30, 1 << 30)
+    saved = copy_encoding._COPY_MASK_BASE, copy_encoding._COPY_MASK_ROWS
+    forced = (0, 1 << 30) if path == "mask" else (1 << 30, 1 << 30)
+    copy_encoding._COPY_MASK_BASE, copy_encoding._COPY_MASK_ROWS = forced
     try:
         yield
     finally:
-        writes._COPY_MASK_BASE, writes._COPY_MASK_ROWS = saved
+        copy_encoding._COPY_MASK_BASE, copy_encoding._COPY_MASK_ROWS = saved
 
 
 def _copy_args(seed: int, n: int, nan_mode: str, jobs: str) -> tuple[np.ndarray, ...]:
@@ -233,7 +229,7 @@ def test_rollup_matches_reference(seed: int, n: int, nkeys: int, nan_mode: str, 
     numpy's sequential fmax loop, as the reference did (see test_rollup_signed_zero_ties)."""
     keys, ts, vals, carry = _samples(seed, n, nkeys, nan_mode, neg_zeros)
     c = carry if with_carry else None
-    _assert_rollup_same(old_rollup(keys, ts, vals, c), writes._rollup(keys, ts, vals, c))
+    _assert_rollup_same(old_rollup(keys, ts, vals, c), rollups.rollup(keys, ts, vals, c))
 
 
 @SETTINGS
@@ -248,15 +244,15 @@ def test_rollup_of_a_row_subset_by_order(seed: int, n: int, nan_mode: str) -> No
         return
     order = rows[np.lexsort((ts[rows], job[rows]))]
     _assert_rollup_same(old_rollup(job[rows], ts[rows], vals[:, rows], None),
-                        writes._rollup(job, ts, vals, None, order=order))
+                        rollups.rollup(job, ts, vals, None, order=order))
     full = np.lexsort((ts, keys))
-    _assert_rollup_same(old_rollup(keys, ts, vals, carry), writes._rollup(keys, ts, vals, carry, order=full))
+    _assert_rollup_same(old_rollup(keys, ts, vals, carry), rollups.rollup(keys, ts, vals, carry, order=full))
 
 
 @pytest.mark.parametrize("nan_mode", _NAN_MODES)
 def test_rollup_single_row(nan_mode: str) -> None:
     keys, ts, vals, carry = _samples(7, 1, 1, nan_mode)
-    _assert_rollup_same(old_rollup(keys, ts, vals, carry), writes._rollup(keys, ts, vals, carry))
+    _assert_rollup_same(old_rollup(keys, ts, vals, carry), rollups.rollup(keys, ts, vals, carry))
 
 
 def test_rollup_realistic_group_commit() -> None:
@@ -269,9 +265,9 @@ def test_rollup_realistic_group_commit() -> None:
     vals = rng.uniform(0, 1, (NF, n))
     vals[_I8] = rng.integers(0, 10**12, (int(_I8.sum()), n))
     for v in (vals, np.where(rng.random((NF, n)) < 0.05, np.nan, vals)):
-        _assert_rollup_same(old_rollup(gpu, ts, v, job), writes._rollup(gpu, ts, v, job))
+        _assert_rollup_same(old_rollup(gpu, ts, v, job), rollups.rollup(gpu, ts, v, job))
         m = job >= 0
-        _assert_rollup_same(old_rollup(job[m], ts[m], v[:, m], None), writes._rollup(job[m], ts[m], v[:, m], None))
+        _assert_rollup_same(old_rollup(job[m], ts[m], v[:, m], None), rollups.rollup(job[m], ts[m], v[:, m], None))
 
 
 def test_rollup_signed_zero_ties() -> None:
@@ -281,9 +277,9 @@ def test_rollup_signed_zero_ties() -> None:
         n = len(seg)
         ts = 1_700_000_040.0 + np.arange(float(n))
         vals = np.ones((NF, n))
-        vals[writes._MAX_ROWS] = seg
+        vals[rollups.MAX_ROWS] = seg
         keys = np.ones(n, np.int64)
-        _assert_rollup_same(old_rollup(keys, ts, vals, None), writes._rollup(keys, ts, vals, None))
+        _assert_rollup_same(old_rollup(keys, ts, vals, None), rollups.rollup(keys, ts, vals, None))
 
 
 def test_rollup_of_no_rows_fails_like_the_reference() -> None:
@@ -292,14 +288,14 @@ def test_rollup_of_no_rows_fails_like_the_reference() -> None:
     with pytest.raises(IndexError):
         old_rollup(keys, ts, vals, carry)
     with pytest.raises(IndexError):
-        writes._rollup(keys, ts, vals, carry)
+        rollups.rollup(keys, ts, vals, carry)
 
 
 def test_rollup_kinds_cover_the_catalog() -> None:
-    rows = np.sort(np.concatenate([writes._MEAN_ROWS, writes._MAX_ROWS, writes._LAST_ROWS]))
+    rows = np.sort(np.concatenate([rollups.MEAN_ROWS, rollups.MAX_ROWS, rollups.LAST_ROWS]))
     np.testing.assert_array_equal(rows, np.arange(NF))
-    assert all(_ROLLUP[j] == "max" for j in writes._MAX_ROWS)
-    assert all(_ROLLUP[j] == "last" for j in writes._LAST_ROWS)
+    assert all(_ROLLUP[j] == "max" for j in rollups.MAX_ROWS)
+    assert all(_ROLLUP[j] == "last" for j in rollups.LAST_ROWS)
 
 
 # --- copy_buffer ---------------------------------------------------------------------------
@@ -311,7 +307,7 @@ def test_copy_buffer_matches_reference(seed: int, n: int, nan_mode: str, jobs: s
     args = _copy_args(seed, n, nan_mode, jobs)
     expected = old_copy_buffer(*args)
     with contextlib.nullcontext() if path == "auto" else _copy_path(path):
-        got = writes.copy_buffer(*args)
+        got = copy_encoding.copy_buffer(*args)
     assert type(got) is bytes
     assert got == expected
 
@@ -327,7 +323,7 @@ def test_copy_buffer_several_patterns(path: str, npatterns: int) -> None:
     patterns = rng.random((npatterns, NF)) < 0.3
     vals = np.where(patterns[rng.integers(0, npatterns, n)].T, np.nan, vals)
     with _copy_path(path):
-        assert writes.copy_buffer(ts, gpu_pk, job_pk, vals) == old_copy_buffer(ts, gpu_pk, job_pk, vals)
+        assert copy_encoding.copy_buffer(ts, gpu_pk, job_pk, vals) == old_copy_buffer(ts, gpu_pk, job_pk, vals)
 
 
 def test_copy_buffer_edge_shapes() -> None:
@@ -344,7 +340,7 @@ def test_copy_buffer_edge_shapes() -> None:
         (ts, gpu_pk, np.where(np.arange(40) % 2, -1, job_pk), vals),  # job_pk null in every other row
     ]
     for args in cases:
-        assert writes.copy_buffer(*args) == old_copy_buffer(*args)
+        assert copy_encoding.copy_buffer(*args) == old_copy_buffer(*args)
 
 
 def test_copy_buffer_realistic_group_commit() -> None:
@@ -357,7 +353,7 @@ def test_copy_buffer_realistic_group_commit() -> None:
     vals[_I8] = rng.integers(0, 10**15, (int(_I8.sum()), n))
     for v in (vals, np.where(rng.random((NF, n)) < 0.05, np.nan, vals)):
         for j in (job, np.abs(job)):
-            assert writes.copy_buffer(ts, gpu, j, v) == old_copy_buffer(ts, gpu, j, v)
+            assert copy_encoding.copy_buffer(ts, gpu, j, v) == old_copy_buffer(ts, gpu, j, v)
 
 
 def test_copy_buffer_reuses_its_buffer_safely_across_calls_and_threads() -> None:
@@ -367,14 +363,14 @@ def test_copy_buffer_reuses_its_buffer_safely_across_calls_and_threads() -> None
              enumerate([(500, "none"), (3, "cells"), (700, "mixed"), (1, "none"), (200, "fields")])]
     expected = [old_copy_buffer(*a) for a in cases]
     for a, e in zip(cases * 2, expected * 2, strict=True):
-        assert writes.copy_buffer(*a) == e
+        assert copy_encoding.copy_buffer(*a) == e
     errors: list[BaseException] = []
 
     def work(k: int) -> None:
         try:
             for i in range(30):
                 j = (i + k) % len(cases)
-                assert writes.copy_buffer(*cases[j]) == expected[j]
+                assert copy_encoding.copy_buffer(*cases[j]) == expected[j]
         except BaseException as e:  # reported by the main thread
             errors.append(e)
 
@@ -384,12 +380,12 @@ def test_copy_buffer_reuses_its_buffer_safely_across_calls_and_threads() -> None
     for t in threads:
         t.join()
     assert not errors, errors[0]
-    saved = writes._SCRATCH_KEEP
-    writes._SCRATCH_KEEP = 1000
+    saved = copy_encoding._SCRATCH_KEEP
+    copy_encoding._SCRATCH_KEEP = 1000
     try:
-        assert writes.copy_buffer(*cases[0]) == expected[0]
+        assert copy_encoding.copy_buffer(*cases[0]) == expected[0]
     finally:
-        writes._SCRATCH_KEEP = saved
+        copy_encoding._SCRATCH_KEEP = saved
 
 
 # --- _pg_array -----------------------------------------------------------------------------
@@ -406,7 +402,7 @@ def test_pg_array_matches_reference(seed: int, n: int, integer: bool, nan_frac: 
     a[rng.random(n) < nan_frac] = np.nan
     if integer and as_int64 and not np.isnan(a).any():
         a = a.astype(np.int64)  # keys and counts arrive as int64
-    got = writes._pg_array(a, integer=integer)
+    got = pg_arrays.pg_array(a, integer=integer)
     want = old_pg_array(a, integer=integer)
     assert type(got) is type(want)
     assert got.data == want.data
@@ -423,7 +419,7 @@ def test_pg_float_arrays_match_reference(seed: int, rows: int, n: int, nan_mode:
         mat[rng.random((rows, n)) < 0.2] = np.nan
     elif nan_mode == "rows":
         mat[rng.random(rows) < 0.5] = np.nan
-    got = writes._pg_float_arrays(mat)
+    got = pg_arrays.pg_float_arrays(mat)
     want = [old_pg_array(mat[j], integer=False) for j in range(rows)]
     assert [type(g) for g in got] == [type(w) for w in want]
     assert [g.data for g in got] == [w.data for w in want]
@@ -431,5 +427,5 @@ def test_pg_float_arrays_match_reference(seed: int, rows: int, n: int, nan_mode:
 
 def test_pg_float_arrays_of_a_rollup() -> None:
     keys, ts, vals, carry = _samples(9, 300, 4, "mixed")
-    agg = writes._rollup(keys, ts, vals, carry)[4]
-    assert [g.data for g in writes._pg_float_arrays(agg)] == [old_pg_array(r, integer=False).data for r in agg]
+    agg = rollups.rollup(keys, ts, vals, carry)[4]
+    assert [g.data for g in pg_arrays.pg_float_arrays(agg)] == [old_pg_array(r, integer=False).data for r in agg]
