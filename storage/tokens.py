@@ -161,3 +161,18 @@ def check_scope(info: TokenInfo, cluster: str, node: str) -> None:
         raise AuthError(403, f"token {info.name!r} may write cluster {info.cluster!r}, not {cluster!r}")
     if info.node is not None and info.node != node:
         raise AuthError(403, f"token {info.name!r} may write node {info.node!r}, not {node!r}")
+
+
+EMBEDDED_AGENTS_PREFIX = "gpufleet-up-agents-"
+
+
+def mint_embedded_agent_token(engine: Engine, now: float | None = None) -> str:
+    """A fresh agent token for the agents ``gpufleet up`` runs in its own process, so they store
+    data whether or not anonymous access is on (it is off off-loopback). The previous run's
+    tokens are revoked: only the live process knows the raw value, so nothing else could use them."""
+    now = time.time() if now is None else now
+    with engine.begin() as c:
+        c.execute(update(ApiToken).where(ApiToken.name.startswith(EMBEDDED_AGENTS_PREFIX),
+                                         ApiToken.revoked_at.is_(None)).values(revoked_at=now))
+    _cache_clear()
+    return create_token(engine, f"{EMBEDDED_AGENTS_PREFIX}{time.time_ns()}", "agent")
