@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
@@ -65,6 +66,9 @@ class GroupWriter:
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="gpufleet-writer", daemon=True)
+        # Called on this thread with the batches each commit stored (not duplicates): the
+        # remote-write exporter's O(1) hand-off (collector/export). Must not block.
+        self.on_commit: Callable[[list[Prepared]], None] | None = None
         # Counters for /metrics-style introspection and the benchmark.
         self.commits = 0
         self.batches = 0
@@ -177,6 +181,12 @@ class GroupWriter:
             self.batches += len(pending)
             self.rows += res.stored
             _resolve_all(pending, res.results)
+            if self.on_commit is not None:  # after the acks: a hook never delays them
+                try:
+                    self.on_commit([it.prep for it, r in zip(pending, res.results, strict=True)
+                                    if not r.duplicate])
+                except Exception:
+                    log.exception("writer on_commit hook failed")
             return
 
     def _ensure_partitions(self, preps: list[Prepared]) -> None:

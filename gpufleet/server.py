@@ -30,10 +30,11 @@ def _parts() -> list[ModuleType]:
     from gpufleet.api import routes as api_routes
     from gpufleet.api import web
     from gpufleet.collector import routes as collector_routes
+    from gpufleet.collector.export import routes as export_routes
     from gpufleet.collector.remote_write import routes as remote_write_routes
 
-    # remote write after the API: its lifespan adds counters to the API's /metrics registry
-    return [collector_routes, api_routes, alert_routes, web, remote_write_routes]
+    # remote write and export after the API: their lifespans add counters to its /metrics registry
+    return [collector_routes, api_routes, alert_routes, web, remote_write_routes, export_routes]
 
 
 def create_app(settings: ServerSettings | None = None, *, extra_lifespans: list | None = None) -> FastAPI:

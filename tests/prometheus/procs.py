@@ -33,7 +33,8 @@ class Proc:
     def __init__(self, args: list[str], url: str, ready: str, log: Path) -> None:
         self.url = url
         self.log = log
-        self._out = log.open("wb")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._out = log.open("ab")
         self.p = subprocess.Popen(args, stdout=self._out, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while True:
@@ -75,8 +76,8 @@ def start_prometheus(tmp: Path, config: str, *extra: str) -> Proc:
                 f"http://127.0.0.1:{port}", "/-/ready", tmp / "prometheus.log")
 
 
-def start_victoria_metrics(tmp: Path, *extra: str) -> Proc:
-    port = free_port()
+def start_victoria_metrics(tmp: Path, *extra: str, port: int | None = None) -> Proc:
+    port = port or free_port()
     return Proc([binary("victoria-metrics"), f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={tmp / 'vm'}",
                  "-retentionPeriod=100y", "-search.latencyOffset=0s", "-loggerLevel=ERROR", *extra],
                 f"http://127.0.0.1:{port}", "/health", tmp / "victoria-metrics.log")

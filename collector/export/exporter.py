@@ -1,0 +1,241 @@
+"""The exporter: the writer hands it each committed group (``offer``, O(1), on the writer
+thread); an encoder thread turns groups into remote-write bodies in the on-disk queue; a sender
+thread posts them oldest first, with exponential backoff on what the receiver may retry.
+
+Ingest never waits on any of it: ``offer`` only appends to a bounded deque (full -> the rows
+are counted as dropped, ``reason="busy"``), and encoding runs on its own thread. The receiver's
+answers are read the way Prometheus reads them: 2xx sent; 429/5xx/connection errors retried
+(``Retry-After`` honoured); any other 4xx can never succeed, so that body is dropped and
+counted (``reason="rejected"``) instead of blocking the queue forever."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.collector.remote_write import wire
+
+from .encode import LABELS, Encoder, RowSource
+from .spool import Item, Spool
+
+log = logging.getLogger(__name__)
+
+
+def _env_list(raw: str | None) -> tuple[str, ...] | None:
+    if raw is None or not raw.strip():
+        return None
+    return tuple(x.strip() for x in raw.split(",") if x.strip())
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """``GPUFLEET_EXPORT_*`` (docs/configuration.md, "Remote-write export"). Export is off
+    unless ``url`` is set."""
+
+    url: str = ""
+    token: str | None = None  # bearer token for the receiver (a secret)
+    fields: tuple[str, ...] | None = None  # None = every catalog field
+    labels: tuple[str, ...] = LABELS
+    queue_dir: Path | None = None  # None = <data dir>/export-queue
+    queue_bytes: int = 256 * 1024 * 1024
+    max_samples_per_send: int = 20_000
+    flush_s: float = 1.0  # most time rows wait to be encoded
+    timeout_s: float = 30.0
+    min_backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    pending_rows: int = 500_000  # rows waiting for the encoder before new ones are dropped
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ExportSettings:
+        env = dict(os.environ if environ is None else environ)
+        d = cls()
+
+        def num(name: str, default: float) -> float:
+            raw = env.get("GPUFLEET_EXPORT_" + name)
+            if raw is None or raw == "":
+                return default
+            try:
+                v = float(raw)
+            except ValueError:
+                raise ValueError(f"GPUFLEET_EXPORT_{name}={raw!r} is not a number") from None
+            if v <= 0:
+                raise ValueError(f"GPUFLEET_EXPORT_{name}={raw!r} must be positive")
+            return v
+
+        qd = env.get("GPUFLEET_EXPORT_QUEUE_DIR")
+        return cls(url=env.get("GPUFLEET_EXPORT_URL", "").strip(), token=env.get("GPUFLEET_EXPORT_TOKEN") or None,
+                   fields=_env_list(env.get("GPUFLEET_EXPORT_FIELDS")),
+                   labels=_env_list(env.get("GPUFLEET_EXPORT_LABELS")) or d.labels,
+                   queue_dir=Path(qd) if qd else None,
+                   queue_bytes=int(num("QUEUE_BYTES", d.queue_bytes)),
+                   max_samples_per_send=int(num("MAX_SAMPLES_PER_SEND", d.max_samples_per_send)),
+                   flush_s=num("FLUSH_S", d.flush_s), timeout_s=num("TIMEOUT_S", d.timeout_s),
+                   min_backoff_s=num("MIN_BACKOFF_S", d.min_backoff_s),
+                   max_backoff_s=num("MAX_BACKOFF_S", d.max_backoff_s),
+                   pending_rows=int(num("PENDING_ROWS", d.pending_rows)))
+
+
+def source_of(prep: Any) -> RowSource:
+    """A stored batch (``storage`` Prepared: batch, ts, gpu, job, vals) as export rows."""
+    b = prep.batch
+    return RowSource(cluster=b.agent.cluster, node=b.agent.node, ts=prep.ts, gpu=prep.gpu, job=prep.job,
+                     vals=prep.vals, gpu_index={g.uuid: g.index for g in b.gpus},
+                     job_user={j.job_id: j.user for j in b.jobs})
+
+
+class Exporter:
+    def __init__(self, settings: ExportSettings, queue_dir: Path, client: httpx.Client | None = None) -> None:
+        if not settings.url:
+            raise ValueError("export needs GPUFLEET_EXPORT_URL")
+        self.settings = settings
+        self.encoder = Encoder(settings.fields, settings.labels)
+        self.spool = Spool(queue_dir, settings.queue_bytes)
+        self.client = client or httpx.Client(timeout=settings.timeout_s)
+        self._pending: deque[Any] = deque()
+        self._pending_rows = 0
+        self._cv = threading.Condition()
+        self._stop = threading.Event()
+        self.dropped: Counter[str] = Counter()  # samples (rows for "busy") by reason
+        self.sent_samples = 0
+        self.sent_bodies = 0
+        self.send_failures = 0
+        self.last_success = 0.0
+        self._threads = [threading.Thread(target=self._encode_loop, name="gpufleet-export-encode", daemon=True),
+                         threading.Thread(target=self._send_loop, name="gpufleet-export-send", daemon=True)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Encode what is pending (it is then on disk for the next start) and stop."""
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+        self.spool.close()
+        self.client.close()
+
+    # --- writer side -------------------------------------------------------------------
+
+    def offer(self, preps: Sequence[Any]) -> None:
+        """Called by the writer after a group commit with the batches it stored."""
+        rows = sum(p.n for p in preps)
+        if not rows:
+            return
+        with self._cv:
+            if self._pending_rows + rows > self.settings.pending_rows:
+                self.dropped["busy"] += rows
+                return
+            self._pending.extend(preps)
+            self._pending_rows += rows
+            self._cv.notify()
+
+    # --- encoder thread ----------------------------------------------------------------
+
+    def _take(self) -> list[Any]:
+        with self._cv:
+            if not self._pending and not self._stop.is_set():
+                self._cv.wait(self.settings.flush_s)
+            out = list(self._pending)
+            self._pending.clear()
+            self._pending_rows = 0
+            return out
+
+    def _encode_loop(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            preps = self._take()
+            try:
+                self._encode(preps)
+            except Exception:
+                log.exception("export: encoding %d batches failed; their samples are not exported", len(preps))
+                self.dropped["encode_error"] += sum(p.n for p in preps)
+            if stopping and not self._pending:
+                return
+
+    def _encode(self, preps: list[Any]) -> None:
+        limit = self.settings.max_samples_per_send
+        parts: list[bytes] = []
+        count = 0
+        for p in preps:
+            series, n = self.encoder.series(source_of(p))
+            parts.extend(series)
+            count += n
+            if count >= limit:
+                self._put(parts, count)
+                parts, count = [], 0
+        if parts:
+            self._put(parts, count)
+
+    def _put(self, parts: list[bytes], count: int) -> None:
+        self.spool.put(wire.snappy(b"".join(parts)), count)
+
+    # --- sender thread -----------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        backoff = self.settings.min_backoff_s
+        while not self._stop.is_set():
+            item = self.spool.oldest(0.5)
+            if item is None:
+                continue
+            wait = self._send(item)
+            if wait is None:
+                backoff = self.settings.min_backoff_s
+                continue
+            self.send_failures += 1
+            delay = wait if wait > 0 else backoff * (0.5 + random.random())
+            backoff = min(backoff * 2, self.settings.max_backoff_s)
+            self._stop.wait(min(delay, self.settings.max_backoff_s))
+
+    def _send(self, item: Item) -> float | None:
+        """None when the body is done with (sent, or dropped for good); else seconds to wait
+        (0 = use the backoff)."""
+        try:
+            body = item.path.read_bytes()
+        except FileNotFoundError:  # dropped by the bound while we picked it
+            self.spool.done(item)
+            return None
+        headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
+                   "X-Prometheus-Remote-Write-Version": "0.1.0", "User-Agent": "gpufleet-export"}
+        if self.settings.token:
+            headers["Authorization"] = f"Bearer {self.settings.token}"
+        try:
+            r = self.client.post(self.settings.url, content=body, headers=headers)
+        except httpx.HTTPError as e:
+            log.warning("export to %s: %s (retrying; %d bodies queued)", self.settings.url, e, self.spool.depth[0])
+            return 0.0
+        if r.is_success:
+            self.spool.done(item)
+            self.sent_samples += item.samples
+            self.sent_bodies += 1
+            self.last_success = time.time()
+            return None
+        if r.status_code == 429 or r.status_code >= 500:
+            log.warning("export to %s: HTTP %d (retrying)", self.settings.url, r.status_code)
+            try:
+                return float(r.headers.get("retry-after", "0"))
+            except ValueError:
+                return 0.0
+        log.error("export to %s refused a body of %d samples for good: HTTP %d %s", self.settings.url, item.samples,
+                  r.status_code, r.text[:300])
+        self.dropped["rejected"] += item.samples
+        self.spool.done(item)
+        return None
+
+    def dropped_total(self) -> Counter[str]:
+        out = Counter(self.dropped)
+        if self.spool.dropped_samples:
+            out["queue_full"] = self.spool.dropped_samples
+        return out

@@ -1,0 +1,214 @@
+"""Remote-write export (collector/export): the encoding against the decoder, the bounded
+persistent queue, and a live collector exporting to Debian's victoria-metrics and to
+prometheus --web.enable-remote-write-receiver, read back with PromQL, through an outage of the
+receiver (retried, nothing lost, nothing doubled) and a receiver that refuses (counted)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from gpufleet.catalog import CATALOG
+from gpufleet.collector.export.encode import Encoder, RowSource
+from gpufleet.collector.export.spool import Spool
+from gpufleet.collector.remote_write import wire
+from tests.collector.conftest import gpu_uuid, make_batch
+from tests.collector.test_ingest import post
+from tests.prometheus.procs import start_prometheus, start_victoria_metrics
+
+NAMES = CATALOG.names
+
+
+def _src(ts: list[float], vals: dict[str, list[float]]) -> RowSource:
+    n = len(ts)
+    m = np.full((len(NAMES), n), np.nan)
+    for f, col in vals.items():
+        m[NAMES.index(f)] = col
+    return RowSource(cluster="c1", node="n1", ts=np.array(ts), gpu=["GPU-a"] * (n - 1) + ["GPU-b"],
+                     job=["j1"] * (n - 1) + [None], vals=m, gpu_index={"GPU-a": 3, "GPU-b": 4},
+                     job_user={"j1": "alice"})
+
+
+def _decode(parts: list[bytes]) -> dict[tuple[tuple[str, str], ...], list[tuple[int, float]]]:
+    req = wire.decode(b"".join(parts))
+    return {tuple(sorted(wire.labels_of(s.key).items())): s.samples for s in req.series}
+
+
+def test_encoding_decodes_to_the_rows_labels_and_no_nan() -> None:
+    t0 = 1_790_000_000.25
+    src = _src([t0, t0 + 1, t0 + 2], {"power_w": [100.0, math.nan, 300.0], "sm_active": [0.0, 0.5, 1.0]})
+    parts, n = Encoder().series(src)
+    got = _decode(parts)
+    a = {"cluster": "c1", "node": "n1", "gpu": "3", "uuid": "GPU-a", "job": "j1", "user": "alice"}
+    b = {"cluster": "c1", "node": "n1", "gpu": "4", "uuid": "GPU-b"}  # no job: no job/user label
+    key = lambda name, lab: tuple(sorted({"__name__": name, **lab}.items()))  # noqa: E731
+    ms = int(t0 * 1000)
+    assert got == {key("gpufleet_power_w", a): [(ms, 100.0)],  # the NaN row is not a sample
+                   key("gpufleet_sm_active", a): [(ms, 0.0), (ms + 1000, 0.5)],
+                   key("gpufleet_power_w", b): [(ms + 2000, 300.0)],
+                   key("gpufleet_sm_active", b): [(ms + 2000, 1.0)]}
+    assert n == 5
+    few, n2 = Encoder(fields=["power_w"], labels=["uuid", "job"]).series(src)
+    assert set(_decode(few)) == {key("gpufleet_power_w", {"uuid": "GPU-a", "job": "j1"}),
+                                 key("gpufleet_power_w", {"uuid": "GPU-b"})} and n2 == 2
+    with pytest.raises(ValueError, match="not catalog fields"):
+        Encoder(fields=["power"])
+    with pytest.raises(ValueError, match="labels"):
+        Encoder(labels=["pod"])
+
+
+def test_vectorised_samples_equal_the_plain_encoding_including_odd_timestamps() -> None:
+    from gpufleet.collector.export.encode import samples_bytes
+
+    rng = np.random.default_rng(1)
+    for ts in (rng.integers(1 << 35, 1 << 42, 500), np.array([0, 5, -7, 1 << 50])):
+        v = rng.normal(size=len(ts))
+        plain = b"".join(wire.encode_sample(int(t), float(x)) for t, x in zip(ts, v, strict=True))
+        assert samples_bytes(ts.astype(np.int64), v) == plain
+
+
+def test_queue_is_bounded_drops_oldest_counts_and_survives_a_restart(tmp_path: Path) -> None:
+    q = Spool(tmp_path, max_bytes=1000)
+    for i in range(5):
+        q.put(bytes([i]) * 300, samples=10 + i)
+    assert q.depth == (3, 900, 12 + 13 + 14) and q.dropped_samples == 10 + 11
+    second = Spool(tmp_path, max_bytes=1000)  # another process: its own directory
+    assert second.dir != q.dir and second.depth == (0, 0, 0)
+    second.close()
+    q.close()
+    again = Spool(tmp_path, max_bytes=1000)  # the restarted first process adopts its queue
+    assert again.dir == q.dir and again.depth == (3, 900, 39)
+    item = again.oldest(0)
+    assert item is not None and item.path.read_bytes() == bytes([2]) * 300
+    again.done(item)
+    assert again.depth[0] == 2
+    again.put(b"x", 1)
+    assert again.oldest(0).path.read_bytes() == bytes([3]) * 300  # order kept across the restart
+    again.close()
+
+
+def _metrics(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for s in fam.samples:
+            if s.name.startswith("gpufleet_export"):
+                key = s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(s.labels.items()))
+                out[key] = s.value
+    return out
+
+
+def _wait(cond, timeout: float = 30.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _count(prom, promql: str) -> float:  # type: ignore[no-untyped-def]
+    res = prom.query(promql)
+    return float(res[0]["value"][1]) if res else 0.0
+
+
+@pytest.mark.slow
+def test_export_to_victoria_metrics_through_an_outage(database_url, live_server, tmp_path, monkeypatch) -> None:
+    vm_dir = tmp_path / "vmdata"
+    vm = start_victoria_metrics(vm_dir)
+    monkeypatch.setenv("GPUFLEET_EXPORT_URL", vm.url + "/api/v1/write")
+    monkeypatch.setenv("GPUFLEET_EXPORT_QUEUE_DIR", str(tmp_path / "queue"))
+    monkeypatch.setenv("GPUFLEET_EXPORT_FIELDS", "power_w,sm_active,tensor_active")
+    monkeypatch.setenv("GPUFLEET_EXPORT_MIN_BACKOFF_S", "0.1")
+    monkeypatch.setenv("GPUFLEET_EXPORT_MAX_BACKOFF_S", "0.5")
+    srv = live_server(database_url)
+    start = time.time() - 600
+    b1 = make_batch("node-1", gpus=4, seconds=10, start=start, job="job-1", user="alice")
+    assert post(srv.url, b1).status_code == 200
+    _wait(lambda: _count(vm, "sum(count_over_time(gpufleet_power_w[1h]))") == 40, what="first rows in VM")
+    res = vm.query(f'gpufleet_power_w{{uuid="{gpu_uuid("node-1", 2)}"}}[1h]')
+    (series,) = res
+    assert series["metric"] == {"__name__": "gpufleet_power_w", "cluster": "default", "node": "node-1", "gpu": "2",
+                                "uuid": gpu_uuid("node-1", 2), "job": "job-1", "user": "alice"}
+    sent = [float(v) for _, v in series["values"]]
+    col = b1.samples["power_w"]
+    want = [col[i] for i, g in enumerate(b1.samples["gpu"]) if g == gpu_uuid("node-1", 2)]
+    assert sent == pytest.approx(want)
+    assert _count(vm, "count(count_over_time(gpufleet_sm_clock_mhz[1h]))") == 0  # not in GPUFLEET_EXPORT_FIELDS
+
+    vm.stop()  # the receiver is down: ingest carries on, the queue holds the rows
+    b2 = make_batch("node-2", gpus=4, seconds=10, start=start + 10, job="job-2", seq=0)
+    t = time.perf_counter()
+    assert post(srv.url, b2).status_code == 200
+    assert time.perf_counter() - t < 5  # the outage never reaches the ingest path
+    _wait(lambda: _metrics(srv.url).get("gpufleet_export_send_failures_total", 0) > 0, what="failed sends")
+    m = _metrics(srv.url)
+    assert m["gpufleet_export_queue_samples"] == 3 * 40 and m["gpufleet_export_lag_seconds"] > 0
+    vm = start_victoria_metrics(vm_dir, port=int(vm.url.rsplit(":", 1)[1]))  # same data, same port
+    try:
+        _wait(lambda: _metrics(srv.url)["gpufleet_export_queue_bodies"] == 0, what="the queue to drain")
+        _wait(lambda: _count(vm, "sum(count_over_time(gpufleet_power_w[1h]))") == 80, what="all rows in VM")
+        time.sleep(1.5)  # anything sent twice would show up by now
+        assert _count(vm, "sum(count_over_time({__name__=~\"gpufleet_.*\"}[1h]))") == 3 * 80  # nothing doubled
+        assert _count(vm, 'count(count_over_time(gpufleet_tensor_active{node="node-2", job="job-2"}[1h]))') == 4
+        m = _metrics(srv.url)
+        assert m["gpufleet_export_samples_sent_total"] == 240
+        assert not any(k.startswith("gpufleet_export_dropped") and v for k, v in m.items())
+    finally:
+        vm.stop()
+
+
+def test_export_to_prometheus_remote_write_receiver(sqlite_url, live_server, tmp_path, monkeypatch) -> None:
+    prom = start_prometheus(tmp_path, "global: {scrape_interval: 1m}\n", "--web.enable-remote-write-receiver")
+    monkeypatch.setenv("GPUFLEET_EXPORT_URL", prom.url + "/api/v1/write")
+    monkeypatch.setenv("GPUFLEET_EXPORT_QUEUE_DIR", str(tmp_path / "queue"))
+    monkeypatch.setenv("GPUFLEET_EXPORT_LABELS", "cluster,node,uuid,job")
+    try:
+        srv = live_server(sqlite_url)
+        b = make_batch("node-p", gpus=2, seconds=5, start=time.time() - 30, job="job-p")
+        assert post(srv.url, b).status_code == 200
+        _wait(lambda: _count(prom, "count(gpufleet_sm_active)") == 2, what="series in Prometheus")
+        assert _count(prom, "sum(count_over_time(gpufleet_power_w[5m]))") == 10
+        (s,) = prom.query(f'gpufleet_power_w{{uuid="{gpu_uuid("node-p", 0)}"}}')
+        assert set(s["metric"]) == {"__name__", "cluster", "node", "uuid", "job"}  # gpu and user left out
+    finally:
+        prom.stop()
+
+
+def test_a_receiver_refusing_for_good_is_counted_not_retried_forever(sqlite_url, live_server, tmp_path,
+                                                                     monkeypatch) -> None:
+    hits = []
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            hits.append(1)
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b"out of bounds")
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    rx = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    monkeypatch.setenv("GPUFLEET_EXPORT_URL", f"http://127.0.0.1:{rx.server_address[1]}/api/v1/write")
+    monkeypatch.setenv("GPUFLEET_EXPORT_QUEUE_DIR", str(tmp_path / "queue"))
+    monkeypatch.setenv("GPUFLEET_EXPORT_FIELDS", "power_w")
+    try:
+        srv = live_server(sqlite_url)
+        assert post(srv.url, make_batch("node-r", gpus=2, seconds=3, start=time.time() - 30)).status_code == 200
+        _wait(lambda: _metrics(srv.url).get("gpufleet_export_dropped_samples_total{reason=rejected}") == 6,
+              what="the refusal counted")
+        time.sleep(1)
+        assert len(hits) == 1 and _metrics(srv.url)["gpufleet_export_queue_bodies"] == 0
+    finally:
+        rx.shutdown()
+        rx.server_close()
