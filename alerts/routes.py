@@ -24,7 +24,7 @@ def require(role: str) -> Any:
 
         settings = request.app.state.settings
         try:
-            return authorize(request.app.state.engine, authorization, role, bool(settings.allow_anonymous))
+            return authorize(request.app.state.engine, authorization, role, settings.auth.allow_anonymous)
         except AuthError as e:
             status = getattr(e, "status", 401)
             raise HTTPException(status, getattr(e, "detail", str(e)),

@@ -1,8 +1,8 @@
 """Entry points around the pure decisions: evaluate every candidate job once, and (for
 ``gpufleet up``, no Redis) evaluate and deliver in-process.
 
-The lead's embedded loop calls ``evaluate_and_deliver(engine, config, now)`` after each
-analysis when ``config.enabled`` (``GPUFLEET_SLACK_WEBHOOK_URL`` or ``GPUFLEET_ALERT_RULES``)."""
+``gpufleet up``'s embedded loop calls ``evaluate_and_deliver_with(engine, settings)`` after each
+analysis when alerts are configured (``settings.alerts.enabled``: a webhook or a rules file)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from gpufleet.alerts.decide import decide_job, faulty_nodes
 from gpufleet.alerts.digest import enqueue_digest
 from gpufleet.alerts.ratelimit import Limiter, MemoryLimiter
 from gpufleet.alerts.transport import Transport, slack_post
+from gpufleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -79,19 +80,29 @@ def evaluate_and_deliver(engine: Engine, config: AlertConfig | None = None, now:
     return counts
 
 
-def evaluate_and_deliver_from_env(engine: Engine, now: float | None = None, *, base_url: str = "",
-                                  grafana_url: str = "") -> dict[str, int]:
-    """``gpufleet up``'s hook: config from ``GPUFLEET_ALERT_RULES`` / ``GPUFLEET_SLACK_WEBHOOK_URL``,
-    link bases from the arguments, else ``GPUFLEET_PUBLIC_URL`` / ``GPUFLEET_GRAFANA_URL``. A broken
-    rules file is logged, not raised: the analysis loop must keep running."""
-    import os
+def alert_config(settings: Settings) -> AlertConfig:
+    """The alert config a server process runs with: the rules file and webhook from its
+    settings, link bases (public URL, Grafana) filled in where the rules file leaves them empty."""
+    a = settings.alerts
+    return load_config(a.rules, webhook=a.slack_webhook_url).with_links(settings.base_url() if settings.http.public_url
+                                                                          else "", settings.grafana.url)
 
+
+def evaluate_and_deliver_with(engine: Engine, settings: Settings, now: float | None = None, *,
+                              base_url: str = "") -> dict[str, int]:
+    """``gpufleet up``'s hook. ``base_url`` is where this process serves (links when no public
+    URL is set). A broken rules file is logged, not raised: the analysis loop must keep running."""
     from gpufleet.alerts.config import ConfigError
 
     try:
-        config = load_config().with_links(base_url or os.environ.get("GPUFLEET_PUBLIC_URL", ""),
-                                          grafana_url or os.environ.get("GPUFLEET_GRAFANA_URL", ""))
+        config = alert_config(settings).with_links(base_url)
     except ConfigError as e:
         log.error("alerts disabled this pass: %s", e)
         return {}
     return evaluate_and_deliver(engine, config, now)
+
+
+def evaluate_and_deliver_from_env(engine: Engine, now: float | None = None) -> dict[str, int]:
+    """``evaluate_and_deliver_with`` on the environment's settings (tools and tests that have no
+    Settings of their own)."""
+    return evaluate_and_deliver_with(engine, Settings.from_env(), now)

@@ -8,7 +8,6 @@ worker process) only costs one full read of the job, the results are the same.""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -53,8 +52,8 @@ class StateCache:
 
     def __init__(self, max_jobs: int = 4096, max_bytes: int | None = None) -> None:
         self.max_jobs = max_jobs
-        mb = float(os.environ.get("GPUFLEET_ANALYSIS_CACHE_MB", "512"))
-        self.max_bytes = max_bytes if max_bytes is not None else int(mb * 2**20)
+        # The server's size comes from settings (analysis.cache_mb, GPUFLEET_ANALYSIS_CACHE_MB).
+        self.max_bytes = max_bytes if max_bytes is not None else 512 * 2**20
         self._d: OrderedDict[tuple[str, int], JobState] = OrderedDict()
         self._sizes: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()

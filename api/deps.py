@@ -11,7 +11,7 @@ from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 
-from gpufleet.settings import ServerSettings
+from gpufleet.settings import Settings
 from gpufleet.storage import tokens
 from gpufleet.storage.tokens import TokenInfo
 
@@ -20,19 +20,19 @@ def get_engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
-def get_settings(request: Request) -> ServerSettings:
+def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
-SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
 def _authorize(request: Request, role: str) -> TokenInfo:
     settings = request.app.state.settings
     try:
         return tokens.authorize(request.app.state.engine, request.headers.get("authorization"), role,
-                                bool(settings.allow_anonymous))
+                                settings.auth.allow_anonymous)
     except tokens.AuthError as e:
         extra = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
         raise HTTPException(e.status, e.detail, headers=extra) from None

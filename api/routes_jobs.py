@@ -124,6 +124,6 @@ def read_job(job_id: JobIdPath, session: SessionDep, settings: SettingsDep,
                         headers={"Content-Disposition": f"attachment; filename*=UTF-8''{name}"})
     links = {"web": f"/jobs/{quote(job_id, safe='')}?{urlencode({'cluster': cluster})}",
              "timeseries": f"/api/v1/jobs/{quote(job_id, safe='')}/timeseries?{urlencode({'cluster': cluster})}"}
-    if settings.grafana_url:
-        links["grafana"] = grafana_link(settings.grafana_url, cluster, found[0].id, detail)
+    if settings.grafana.url:
+        links["grafana"] = grafana_link(settings.grafana.url, cluster, found[0].id, detail)
     return {**detail, "links": links}

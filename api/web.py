@@ -43,7 +43,7 @@ def _uplot_js() -> str:
 
 def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTMLResponse:
     settings = request.app.state.settings
-    cfg = {"page": page, "args": args, "grafana": bool(settings.grafana_url), "version": __version__}
+    cfg = {"page": page, "args": args, "grafana": bool(settings.grafana.url), "version": __version__}
     nav = "".join(f'<a href="{href}"{" class=on" if key == page else ""}>{label}</a>'
                   for key, href, label in (("fleet", "/", "Fleet"), ("jobs", "/jobs", "Jobs"),
                                            ("flags", "/flags", "Flags")))

@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -29,13 +28,13 @@ from starlette.responses import Response
 
 from gpufleet import protocol
 from gpufleet.collector.columns import prepare
-from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.errors import BatchRejected, from_protocol
 from gpufleet.collector.fastdecode import decode_prepared
 from gpufleet.collector.validate import check_batch
 from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable
-from gpufleet.storage import retention, tokens
-from gpufleet.storage.jobs import close_stale_jobs
+from gpufleet.settings import CollectorSettings
+from gpufleet.storage import tokens
+from gpufleet.storage.maintenance import MaintenanceLoop
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -80,15 +79,14 @@ class Collector:
     """Per-process state: the writer, config, and a small auth cache in front of
     ``tokens.authorize`` so the event loop does not query the database per request."""
 
-    def __init__(self, app: FastAPI, config: CollectorConfig | None = None) -> None:
+    def __init__(self, app: FastAPI, config: CollectorSettings | None = None) -> None:
         self.app = app
         self.engine = app.state.engine
         self.settings = app.state.settings
-        self.config = config or CollectorConfig.from_env()
+        self.config = config or self.settings.collector
         self.writer = GroupWriter(self.engine, queue_rows=self.config.queue_rows, group_rows=self.config.group_rows)
         self._auth: dict[tuple[str | None, str], tuple[float, tokens.TokenInfo | tokens.AuthError]] = {}
-        self._stop = threading.Event()
-        self._maint = threading.Thread(target=self._maintenance, name="gpufleet-maintenance", daemon=True)
+        self._maint = MaintenanceLoop(self.engine, self.settings.maintenance)
         self._started = False
 
     def start(self) -> None:
@@ -97,12 +95,11 @@ class Collector:
         self._started = True
 
     def stop(self) -> None:
-        self._stop.set()
         self.writer.stop()
-        self._maint.join(10)
+        self._maint.stop()
 
     async def authorize(self, header: str | None, role: str) -> tokens.TokenInfo:
-        allow = bool(getattr(self.settings, "allow_anonymous", False))
+        allow = self.settings.auth.allow_anonymous
         if header is None:
             return tokens.authorize(self.engine, None, role, allow)  # no database access
         key = (header, role)
@@ -120,23 +117,6 @@ class Collector:
         if isinstance(hit[1], tokens.AuthError):
             raise hit[1]
         return hit[1]
-
-    def _maintenance(self) -> None:
-        """Partitions ahead, stale jobs ended, retention: cheap and idempotent, so every
-        collector process may run it without coordination."""
-        last_retention = 0.0
-        while not self._stop.is_set():
-            now = time.time()
-            try:
-                retention.ensure_ahead(self.engine, now)
-                with self.engine.begin() as c:
-                    close_stale_jobs(c, now, self.config.stale_job_s)
-                if now - last_retention >= self.config.retention_s:
-                    retention.apply_retention(self.engine, now, self.config.raw_days, self.config.rollup_days)
-                    last_retention = now
-            except Exception as e:  # the database may be down; try again next round
-                log.warning("maintenance: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
-            self._stop.wait(self.config.maintenance_s)
 
 
 def collector_for(app: FastAPI) -> Collector:
@@ -200,7 +180,7 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
         who = await coll.authorize(h.get(b"authorization"), "agent")
     except tokens.AuthError as e:
         return _answer(e.status, e.detail)
-    limit = int(coll.settings.max_body_bytes)
+    limit = coll.settings.http.max_body_bytes
     body = await _read_body(read_body, limit, h.get(b"content-length"))
     if not isinstance(body, bytes):
         return body
@@ -222,7 +202,7 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
         fast = prep is not None  # the fast decoder has checked the gpus and jobs lists already
         if prep is None:  # the generic path names what is wrong
             prep = prepare(batch)
-        check_batch(batch, prep, time.time(), max_rows=int(coll.settings.max_rows_per_batch),
+        check_batch(batch, prep, time.time(), max_rows=coll.settings.http.max_rows_per_batch,
                     max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, dims_checked=fast)
         fut = coll.writer.submit(prep)
     except BatchRejected as e:

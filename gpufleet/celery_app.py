@@ -1,19 +1,27 @@
 """The Celery application (production mode: Redis broker). ``gpufleet worker`` and
-``gpufleet beat`` run it; ``gpufleet up`` runs the same task functions in-process instead.
+``gpufleet beat`` build it from their Settings (``make_celery(settings)``) and run it;
+``gpufleet up`` runs the same task functions in-process instead.
 
-Tasks live next to what they wrap (analysis/tasks.py, alerts/tasks.py) and stay thin."""
+Tasks live next to what they wrap (analysis/tasks.py, alerts/tasks.py) and stay thin; they read
+their settings from the app they are bound to (``settings_of(task.app)``), so nothing here
+needs the environment at import time. ``celery -A gpufleet.celery_app`` still works: the module
+attribute ``app`` is built on first access, from the environment."""
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
 from celery import Celery
 
+from gpufleet.settings import Settings
 
-def make_celery(broker_url: str | None = None) -> Celery:
-    url = broker_url or os.environ.get("GPUFLEET_REDIS_URL", "redis://127.0.0.1:6379/0")
-    app = Celery("gpufleet", broker=url, backend=url,
-                 include=["gpufleet.analysis.tasks", "gpufleet.alerts.tasks"])
+TASK_MODULES = ["gpufleet.analysis.tasks", "gpufleet.alerts.tasks"]
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or Settings.from_env()
+    url = settings.celery.broker()
+    app = Celery("gpufleet", broker=url, backend=url, include=TASK_MODULES, set_as_current=True)
     app.conf.update(
         task_acks_late=True,  # a worker killed mid-task leaves the message for another worker
         task_reject_on_worker_lost=True,
@@ -23,15 +31,17 @@ def make_celery(broker_url: str | None = None) -> Celery:
         accept_content=["json"],
         timezone="UTC",
         broker_connection_retry_on_startup=True,
-        beat_schedule=beat_schedule(),
+        beat_schedule=beat_schedule(settings),
+        # Read back by the tasks (gpufleet.settings.settings_of); prefork children inherit it.
+        gpufleet_settings=settings,
     )
     return app
 
 
-def beat_schedule() -> dict[str, dict[str, object]]:
+def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
     """What ``gpufleet beat`` sends. Each message expires before the next tick, so a backlog
     (workers down for an hour) is not replayed 60 times: the next run catches up anyway."""
-    every = float(os.environ.get("GPUFLEET_ANALYSIS_INTERVAL_S", "60"))
+    every = settings.analysis.interval_s
     return {
         "analyze-due-jobs": {
             "task": "gpufleet.analysis.analyze_due_jobs",
@@ -48,4 +58,14 @@ def beat_schedule() -> dict[str, dict[str, object]]:
     }
 
 
-app = make_celery()
+_app: Celery | None = None
+
+
+def __getattr__(name: str) -> Any:
+    # `celery -A gpufleet.celery_app` looks up `app`; build it then, not at import.
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = make_celery()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,8 @@ import sys
 
 from gpufleet import __version__
 
-COMMANDS = ["up", "serve", "agent", "migrate", "analyze", "import_", "token", "worker", "beat", "alerts", "grafana"]
+COMMANDS = ["up", "serve", "agent", "migrate", "analyze", "import_", "token", "worker", "beat", "alerts", "grafana",
+            "config"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,26 +9,23 @@ a high gen0 threshold leaves the cyclic collector little to do, and freezing wha
 startup (modules, the app, caches) keeps the full collections that remain from rescanning it.
 Reference cycles are still collected, only less often.
 
-``GPUFLEET_GC_THRESHOLD``: the gen0 threshold (default 50000); 0 keeps Python's defaults."""
+``GPUFLEET_GC_THRESHOLD`` (``settings.gc.threshold``): the gen0 threshold (default 50000);
+0 keeps Python's defaults."""
 
 from __future__ import annotations
 
 import gc
-import os
 
-DEFAULT_THRESHOLD = 50_000
+from gpufleet.settings import GcSettings
+
+DEFAULT_THRESHOLD: int = GcSettings.model_fields["threshold"].default
 
 
-def tune_gc_for_server() -> tuple[int, int, int] | None:
+def tune_gc_for_server(threshold: int = DEFAULT_THRESHOLD) -> tuple[int, int, int] | None:
     """Apply the server's GC settings to this process; returns the thresholds set, or None
-    when ``GPUFLEET_GC_THRESHOLD=0`` leaves Python's defaults."""
-    raw = os.environ.get("GPUFLEET_GC_THRESHOLD", "").strip()
-    try:
-        threshold = DEFAULT_THRESHOLD if raw == "" else int(raw)
-    except ValueError:
-        raise ValueError(f"GPUFLEET_GC_THRESHOLD={raw!r} is not an integer") from None
+    when ``threshold`` is 0 (Python's defaults stay)."""
     if threshold < 0:
-        raise ValueError(f"GPUFLEET_GC_THRESHOLD={raw!r} must not be negative")
+        raise ValueError(f"GC threshold {threshold} must not be negative")
     if threshold == 0:
         return None
     gc.freeze()

@@ -11,18 +11,21 @@ hot path without the FastAPI/Starlette request cycle."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import uvicorn
 from fastapi import FastAPI
 
 from gpufleet import __version__
-from gpufleet.settings import ServerSettings
+from gpufleet.settings import Settings
 from gpufleet.storage.db import make_engine
 
 if TYPE_CHECKING:
     from gpufleet.collector.front import IngestFront
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]]
 
 
 def _parts() -> list[ModuleType]:
@@ -30,16 +33,15 @@ def _parts() -> list[ModuleType]:
     from gpufleet.api import routes as api_routes
     from gpufleet.api import web
     from gpufleet.collector import routes as collector_routes
-    from gpufleet.collector.export import routes as export_routes
     from gpufleet.collector.remote_write import routes as remote_write_routes
 
-    # remote write and export after the API: their lifespans add counters to its /metrics registry
-    return [collector_routes, api_routes, alert_routes, web, remote_write_routes, export_routes]
+    # remote write after the API: its lifespan adds counters to the API's /metrics registry
+    return [collector_routes, api_routes, alert_routes, web, remote_write_routes]
 
 
-def create_app(settings: ServerSettings | None = None, *, extra_lifespans: list | None = None) -> FastAPI:
-    settings = settings or ServerSettings()
-    url = settings.resolved_database_url()
+def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifespan] | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+    url = settings.database_url()
     parts = _parts()
 
     @contextlib.asynccontextmanager
@@ -67,7 +69,7 @@ def create_app(settings: ServerSettings | None = None, *, extra_lifespans: list 
     return app
 
 
-def serving_app(settings: ServerSettings | None = None, *, extra_lifespans: list | None = None) -> IngestFront:
+def serving_app(settings: Settings | None = None, *, extra_lifespans: list[Lifespan] | None = None) -> IngestFront:
     """What a server process (``gpufleet serve``, ``gpufleet up``) hands to uvicorn: ``create_app``
     behind the ingest front. Lifespan, the API, the web UI and non-POST ingest requests reach the
     FastAPI app unchanged."""
@@ -75,13 +77,32 @@ def serving_app(settings: ServerSettings | None = None, *, extra_lifespans: list
 
     return IngestFront(create_app(settings, extra_lifespans=extra_lifespans))
 
-
-def create_app_from_env() -> IngestFront:
-    """Factory for uvicorn (``--workers``): settings from GPUFLEET_* environment variables.
-    Runs once in each server process, so it also applies the server's GC settings there
-    (``gpufleet.gctune``)."""
+def server_process_app(settings: Settings) -> IngestFront:
+    """``serving_app`` for a process that does nothing else (a ``serve`` worker): also applies
+    the server's GC settings to the process (``gpufleet.gctune``)."""
     from gpufleet.gctune import tune_gc_for_server
 
-    app = serving_app(ServerSettings())
-    tune_gc_for_server()
+    app = serving_app(settings)
+    tune_gc_for_server(settings.gc.threshold)
     return app
+
+
+def create_app_from_env() -> IngestFront:
+    """Factory for a plain ``uvicorn --factory gpufleet.server:create_app_from_env``: settings
+    from the environment. ``gpufleet serve`` hands its own Settings to each worker instead."""
+    return server_process_app(Settings.from_env())
+
+
+class SettingsConfig(uvicorn.Config):
+    """uvicorn's Config for a ``gpufleet serve`` process, loading the app from the Settings it
+    carries. With ``--workers N`` uvicorn pickles its Config into each spawned worker, so the
+    Settings travel with it (as JSON): nothing is handed over through environment variables."""
+
+    def __init__(self, settings: Settings, **kw: Any) -> None:
+        self.settings_json = settings.model_dump_json()
+        # An import string: uvicorn refuses anything else with workers > 1 (never imported here).
+        super().__init__("gpufleet.server:create_app_from_env", factory=True, **kw)
+
+    def load_app(self) -> Any:
+        settings = Settings.model_validate_json(self.settings_json)
+        return lambda: server_process_app(settings)

@@ -1,42 +1,298 @@
-"""Server-side settings: one typed object per process, env-overridable (GPUFLEET_*),
-validated at start with messages that say what to do."""
+"""Server-side settings: ONE typed object (``Settings``), one nested section per part, each field
+with exactly one ``GPUFLEET_*`` environment variable. Built once per process by the CLI (from the
+environment, then the command's flags) and passed down: the app (``app.state.settings``), the
+Celery app (``celery_app.make_celery(settings)``), the maintenance loop, the embedded analysis loop.
+No part reads ``os.environ`` for a setting that lives here.
+
+Why the sections are separate ``BaseSettings`` with an explicit variable per field, not one model
+with ``env_nested_delimiter``: the variable names predate the sections (``GPUFLEET_DATABASE_URL``,
+``GPUFLEET_INGEST_QUEUE_ROWS``, ...) and deployments set them; nested names (section, two
+underscores, field) would break every one of them.
+
+The agent's settings are not here: a GPU node installs without pydantic (``agent/config.py``
+is stdlib). ``gpufleet config docs`` renders both into docs/configuration.md; a test fails when
+the file and the models differ."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Literal, Self
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+DAY = 86400.0
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
-class ServerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
+def env(name: str, default: Any, doc: str, **kw: Any) -> Any:
+    """A field read from ``GPUFLEET_<name>`` with its one-line documentation."""
+    return Field(default, validation_alias="GPUFLEET_" + name, description=doc, **kw)
 
-    database_url: str | None = None  # SQLAlchemy URL; None = SQLite under data_dir
-    data_dir: Path = Path("./gpufleet-data")
-    host: str = "127.0.0.1"
-    port: int = 8000
-    # Anonymous (token-less) access. `gpufleet up` turns it on for localhost; production
-    # deployments leave it off and issue tokens with `gpufleet token create`.
-    allow_anonymous: bool = False
-    redis_url: str | None = None  # None = analysis runs in-process (embedded mode)
-    public_url: str = ""  # base URL used in links (Slack, Grafana); defaults to http://host:port
-    grafana_url: str = ""  # base URL of Grafana for drilldown links; empty hides them
-    analysis_interval_s: float = Field(default=30.0, gt=0)
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
-    max_rows_per_batch: int = Field(default=20_000, gt=0)
 
-    @field_validator("port")
+class Section(BaseModel):
+    """A plain model: building one never reads the environment (``Settings`` does that, once).
+    Fields are set by name in code (``DatabaseSettings(url=...)``), by variable name from the
+    environment."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, frozen=True)
+
     @classmethod
-    def _port(cls, v: int) -> int:
-        if not 0 <= v <= 65535:
-            raise ValueError(f"port {v} is not a TCP port (0-65535)")
-        return v
+    def of(cls, values: Mapping[str, Any]) -> Self:
+        return cls.model_validate(dict(values))
 
-    def resolved_database_url(self) -> str:
+
+class DatabaseSettings(Section):
+    url: str | None = env("DATABASE_URL", None, "SQLAlchemy URL (`sqlite:///...` or `postgresql://...`, which uses "
+                          "psycopg 3); unset = SQLite `gpufleet.db` under the data dir")
+    data_dir: Path = env("DATA_DIR", Path("./gpufleet-data"),
+                         "embedded SQLite database, `gpufleet up`'s agent spools, the beat schedule file")
+
+    def resolved_url(self) -> str:
         from gpufleet.storage.db import resolve_url
 
-        return resolve_url(self.database_url, self.data_dir)
+        return resolve_url(self.url, self.data_dir)
+
+
+class HttpSettings(Section):
+    host: str = env("HOST", "127.0.0.1", "listen address of `gpufleet serve`")
+    port: int = env("PORT", 8000, "listen port of `gpufleet serve`", ge=0, le=65535)
+    workers: int = env("WORKERS", 1, "collector/API processes of `gpufleet serve`", ge=1)
+    public_url: str = env("PUBLIC_URL", "", "base URL used in links (Slack, Grafana); empty = `http://host:port`")
+    max_body_bytes: int = env("MAX_BODY_BYTES", 8 * 1024 * 1024, "largest decompressed ingest body", gt=0)
+    max_rows_per_batch: int = env("MAX_ROWS_PER_BATCH", 20_000, "largest ingest batch in sample rows", gt=0)
+    # Slow-client limits (api/http_timeouts.py, issue 18): a request's headers, then its body.
+    header_timeout_s: float = env("HTTP_HEADER_TIMEOUT_S", 10.0, "request headers must arrive within this", gt=0)
+    body_idle_s: float = env("HTTP_BODY_IDLE_S", 30.0, "longest pause between request body chunks", gt=0)
+    body_min_rate: float = env("HTTP_BODY_MIN_RATE", 1024.0, "slowest average body rate (bytes/s) accepted once "
+                               "the grace period has passed", gt=0)
+    body_grace_s: float = env("HTTP_BODY_GRACE_S", 60.0, "time a body may take before the minimum rate applies",
+                              gt=0)
+
+
+class AuthSettings(Section):
+    """Tokens, browser sessions and the trusted SSO proxy (api/auth, docs/auth.md). Lists stay
+    comma-separated strings here; api/auth/config.py parses them (addresses, group=role pairs)."""
+
+    allow_anonymous: bool = env("ALLOW_ANONYMOUS", False, "accept requests without a token (admin!); `gpufleet up` "
+                                "turns it on only when listening on loopback")
+    allowed_hosts: str = env("ALLOWED_HOSTS", "", "comma list of host names browsers may use (`.example.com` = "
+                             "subdomains, `*` = any); the public URL's host and the listen address are implied")
+    session_ttl_s: float = env("SESSION_TTL_S", 12 * 3600.0, "signed-in browser session lifetime", gt=0)
+    cookie_secure: Literal["auto", "true", "false"] = env("COOKIE_SECURE", "auto", "Secure session cookie: `auto` "
+                                                          "= when the request came over HTTPS")
+    trusted_proxies: str = env("TRUSTED_PROXIES", "", "comma list of addresses/CIDRs of the SSO proxy whose identity "
+                               "headers are believed; empty = SSO mode off")
+    proxy_user_header: str = env("PROXY_USER_HEADER", "x-forwarded-user", "SSO proxy header naming the user")
+    proxy_email_header: str = env("PROXY_EMAIL_HEADER", "x-forwarded-email", "SSO proxy header with the e-mail")
+    proxy_groups_header: str = env("PROXY_GROUPS_HEADER", "x-forwarded-groups", "SSO proxy header with the groups")
+    proxy_group_roles: str = env("PROXY_GROUP_ROLES", "", "SSO group -> role map, `group=role,...` (`*` = any "
+                                 "signed-in user); roles viewer, operator, admin")
+
+
+class CollectorSettings(Section):
+    """Per process: with ``serve --workers N`` every worker has its own write queue."""
+
+    queue_rows: int = env("INGEST_QUEUE_ROWS", 400_000, "rows waiting for the writer before ingest answers 503", gt=0)
+    group_rows: int = env("INGEST_GROUP_ROWS", 50_000, "most rows one group commit takes", gt=0)
+    max_age_s: float = env("INGEST_MAX_AGE_S", 30 * DAY, "samples older than this are rejected (load history "
+                           "with `gpufleet import`)", gt=0)
+    max_future_s: float = env("INGEST_MAX_FUTURE_S", 300.0, "clock skew tolerated ahead of the collector", ge=0)
+    retry_after_s: int = env("INGEST_RETRY_AFTER_S", 2, "Retry-After on 503 answers", ge=0)
+    import_max_bytes: int = env("IMPORT_MAX_BYTES", 8 * 1024**3, "`POST /api/v1/import` body limit (decompressed)",
+                                gt=0)
+
+
+class MaintenanceSettings(Section):
+    """Housekeeping (``storage/maintenance.py``): cheap and idempotent, run by every server process."""
+
+    interval_s: float = env("MAINTENANCE_INTERVAL_S", 60.0, "period of partitions-ahead and stale-job passes", gt=0)
+    retention_interval_s: float = env("RETENTION_INTERVAL_S", 3600.0, "period of retention passes", gt=0)
+    raw_days: float = env("RETENTION_RAW_DAYS", 31.0, "raw sample retention; keep it above the ingest max age, or "
+                          "late batches land in dropped days", gt=0)
+    rollup_days: float = env("RETENTION_ROLLUP_DAYS", 400.0, "1-minute rollup retention", gt=0)
+    stale_job_s: float = env("STALE_JOB_S", 300.0, "a running job no node reported for this long is ended", gt=0)
+
+
+class AnalysisSettings(Section):
+    interval_s: float = env("ANALYSIS_INTERVAL_S", 60.0, "seconds between analysis passes (beat and `gpufleet up`)",
+                            gt=0)
+    thresholds: Path | None = env("THRESHOLDS", None, "goodput thresholds override, key by key (docs/goodput.md)")
+    cache_mb: float = env("ANALYSIS_CACHE_MB", 512.0, "per-process cache of job features", ge=0)
+    lock_ttl_s: float = env("ANALYSIS_LOCK_TTL_S", 30.0, "Redis lock that keeps two analysis runs apart; refreshed "
+                            "after every job, so a killed worker delays the next run by at most this", gt=0)
+
+
+class AlertsSettings(Section):
+    rules: Path | None = env("ALERT_RULES", None, "Slack alert rules file (docs/alerts.md)")
+    slack_webhook_url: str | None = env("SLACK_WEBHOOK_URL", None, "default Slack webhook (a secret)", repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.rules or self.slack_webhook_url)
+
+
+class GrafanaSettings(Section):
+    url: str = env("GRAFANA_URL", "", "Grafana base URL: drilldown links, and `gpufleet grafana push`; empty hides "
+                   "the links")
+    datasource_url: str | None = env("GRAFANA_DATASOURCE_URL", None, "PostgreSQL URL Grafana reads "
+                                     "(`grafana push`); default: the database URL")
+    dashboards_dir: Path | None = env("DASHBOARDS_DIR", None, "dashboards `grafana push` uploads; default: packaged")
+
+
+class CelerySettings(Section):
+    redis_url: str | None = env("REDIS_URL", None, "Celery broker/backend and the analysis lock (`worker`, `beat`); "
+                                f"unset = embedded mode in `up`, `{DEFAULT_REDIS}` for `worker`/`beat`")
+
+    def broker(self) -> str:
+        return self.redis_url or DEFAULT_REDIS
+
+
+class GcSettings(Section):
+    threshold: int = env("GC_THRESHOLD", 50_000, "server processes: CPython's gen0 GC threshold after freezing "
+                         "what exists at startup; 0 keeps Python's defaults (gpufleet/gctune.py)", ge=0)
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "database": DatabaseSettings,
+    "http": HttpSettings,
+    "auth": AuthSettings,
+    "collector": CollectorSettings,
+    "maintenance": MaintenanceSettings,
+    "analysis": AnalysisSettings,
+    "alerts": AlertsSettings,
+    "grafana": GrafanaSettings,
+    "celery": CelerySettings,
+    "gc": GcSettings,
+}
+
+
+def _section(name: str) -> Any:
+    return Field(default_factory=SECTIONS[name])
+
+
+def read_environ(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """The ``GPUFLEET_*`` variables of ``environ`` as ``{section: {field: raw}}``. An empty
+    variable counts as unset (``GPUFLEET_THRESHOLDS=`` in a unit file means "the default");
+    unknown ``GPUFLEET_*`` names are ignored: the agent's live in the same namespace."""
+    out: dict[str, dict[str, str]] = {}
+    upper = {k.upper(): v for k, v in environ.items() if v != ""}
+    for sname, cls in SECTIONS.items():
+        vals = {f: upper[n] for f, info in cls.model_fields.items() if (n := env_name(info)) in upper}
+        if vals:
+            out[sname] = vals
+    return out
+
+
+class _FlatEnv(PydanticBaseSettingsSource):
+    """pydantic-settings source for the flat variable names (see the module docstring)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads all sections at once
+
+    def __call__(self) -> dict[str, Any]:
+        return read_environ(os.environ)
+
+
+class Settings(BaseSettings):
+    """Every server-side setting. ``Settings()`` reads the environment; ``Settings.of({...})``
+    takes explicit values (``{"auth": {"allow_anonymous": True}}``) over the defaults only."""
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Arguments beat the environment; no .env file or secrets dir (a surprise in production).
+        return init_settings, _FlatEnv(settings_cls)
+
+    database: DatabaseSettings = _section("database")
+    http: HttpSettings = _section("http")
+    auth: AuthSettings = _section("auth")
+    collector: CollectorSettings = _section("collector")
+    maintenance: MaintenanceSettings = _section("maintenance")
+    analysis: AnalysisSettings = _section("analysis")
+    alerts: AlertsSettings = _section("alerts")
+    grafana: GrafanaSettings = _section("grafana")
+    celery: CelerySettings = _section("celery")
+    gc: GcSettings = _section("gc")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """From ``environ`` (default: this process's environment) over the defaults; a bad
+        value raises SettingsError naming the variable."""
+        raw = read_environ(os.environ if environ is None else environ)
+        try:
+            return cls.of(raw)
+        except ValidationError as e:
+            raise SettingsError.of(e, raw) from None
+
+    @classmethod
+    def of(cls, values: Mapping[str, Mapping[str, Any]] | None = None) -> Settings:
+        values = values or {}
+        unknown = set(values) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"unknown settings sections {sorted(unknown)} (known: {', '.join(SECTIONS)})")
+        return cls.model_construct(**{n: c.of(values.get(n, {})) for n, c in SECTIONS.items()})
+
+    def replace(self, **sections: Mapping[str, Any]) -> Settings:
+        """A copy with some fields of some sections changed (validated):
+        ``s.replace(database={"url": u}, auth={"allow_anonymous": True})``."""
+        out: dict[str, Any] = {}
+        for name, cls in SECTIONS.items():
+            cur: Section = getattr(self, name)
+            if name in sections:
+                cur = cls.of({**cur.model_dump(), **sections[name]})
+            out[name] = cur
+        unknown = set(sections) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"unknown settings sections {sorted(unknown)} (known: {', '.join(SECTIONS)})")
+        return Settings.model_construct(**out)
+
+    def database_url(self) -> str:
+        return self.database.resolved_url()
 
     def base_url(self) -> str:
-        return self.public_url.rstrip("/") or f"http://{self.host}:{self.port}"
+        return self.http.public_url.rstrip("/") or f"http://{self.http.host}:{self.http.port}"
+
+
+class SettingsError(ValueError):
+    """A bad setting, said with the variable's name: ``GPUFLEET_PORT='x': Input should be ...``."""
+
+    @classmethod
+    def of(cls, e: ValidationError, raw: Mapping[str, Mapping[str, str]]) -> SettingsError:
+        lines = []
+        for err in e.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            sname = next((n for n, c in SECTIONS.items() if c.__name__ == e.title and field in c.model_fields), None)
+            if sname is None:
+                lines.append(f"{field or e.title}: {err['msg']}")
+                continue
+            name = env_name(SECTIONS[sname].model_fields[field])
+            got = raw.get(sname, {}).get(field)
+            lines.append(f"{name}={got!r}: {err['msg']}" if got is not None else f"{name}: {err['msg']}")
+        return cls("; ".join(lines))
+
+
+def variables() -> list[tuple[str, str, FieldInfo]]:
+    """(section, field, info) for every setting, in declaration order (the docs table's rows)."""
+    return [(s, f, info) for s, cls in SECTIONS.items() for f, info in cls.model_fields.items()]
+
+
+def env_name(info: FieldInfo) -> str:
+    assert isinstance(info.validation_alias, str), "every setting names its one environment variable"
+    return info.validation_alias
+
+
+def settings_of(app: Any) -> Settings:
+    """The Settings a Celery app was built with (``celery_app.make_celery``). An app built
+    elsewhere (a bare ``Celery()`` in a test, tasks called directly) gets the environment's."""
+    conf = getattr(app, "conf", None)
+    s = conf.get("gpufleet_settings") if conf is not None else None
+    return s if isinstance(s, Settings) else Settings.from_env()

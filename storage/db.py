@@ -1,4 +1,7 @@
-"""Engines and the database URL. One place decides SQLite pragmas and pool settings."""
+"""Engines and the database URL. One place decides SQLite pragmas and pool settings.
+
+Where the URL comes from (flags, ``GPUFLEET_DATABASE_URL``) is the settings' business
+(``gpufleet.settings.DatabaseSettings``); storage never reads the environment."""
 
 from __future__ import annotations
 
@@ -8,17 +11,14 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
-DEFAULT_URL_ENV = "GPUFLEET_DATABASE_URL"
+DEFAULT_DATA_DIR = Path("./gpufleet-data")
 
 
 def resolve_url(url: str | None = None, data_dir: str | Path | None = None) -> str:
-    """--database-url beats GPUFLEET_DATABASE_URL beats a SQLite file under the data dir."""
+    """``url`` when given, else a SQLite file under ``data_dir`` (created)."""
     if url:
         return normalise(url)
-    env = os.environ.get(DEFAULT_URL_ENV)
-    if env:
-        return normalise(env)
-    d = Path(data_dir or os.environ.get("GPUFLEET_DATA_DIR", "./gpufleet-data")).expanduser().resolve()
+    d = Path(data_dir or DEFAULT_DATA_DIR).expanduser().resolve()
     d.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{d / 'gpufleet.db'}"
 
@@ -68,11 +68,11 @@ def make_engine(url: str, **kw: object) -> Engine:
 _process_engine: tuple[int, str, Engine] | None = None
 
 
-def engine_for_process() -> Engine:
+def engine_for_process(url: str) -> Engine:
     """One engine per worker process for Celery tasks: created after the prefork (a pooled
     connection inherited across fork is shared by two processes), re-created if the URL changes."""
     global _process_engine
-    url = resolve_url(None)
+    url = normalise(url)
     if _process_engine is None or _process_engine[0] != os.getpid() or _process_engine[1] != url:
         _process_engine = (os.getpid(), url, make_engine(url))
     return _process_engine[2]

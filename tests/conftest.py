@@ -222,6 +222,32 @@ class LiveServer:
         self.thread.join(15)
 
 
+# Short names tests use for the settings they change most, -> (section, field).
+SETTING_NAMES = {
+    "allow_anonymous": ("auth", "allow_anonymous"),
+    "grafana_url": ("grafana", "url"),
+    "public_url": ("http", "public_url"),
+    "max_body_bytes": ("http", "max_body_bytes"),
+    "max_rows_per_batch": ("http", "max_rows_per_batch"),
+}
+
+
+def make_settings(database_url: str, **changes: object) -> object:
+    """The environment's Settings with this database and ``changes``: short names from
+    ``SETTING_NAMES`` or ``section__field`` (``collector__queue_rows=100``)."""
+    from gpufleet.settings import Settings
+
+    sections: dict[str, dict[str, object]] = {"database": {"url": database_url}}
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if not field:
+            if key not in SETTING_NAMES:
+                raise TypeError(f"unknown setting {key!r}: use one of {sorted(SETTING_NAMES)} or section__field")
+            section, field = SETTING_NAMES[key]
+        sections.setdefault(section, {})[field] = value
+    return Settings.from_env().replace(**sections)
+
+
 @pytest.fixture
 def live_server() -> Iterator[Callable[..., LiveServer]]:
     """``live_server(database_url, **settings)`` starts the real app under uvicorn on a free
@@ -232,10 +258,9 @@ def live_server() -> Iterator[Callable[..., LiveServer]]:
 
     def start(database_url: str, *, front: bool = True, **settings: object) -> LiveServer:
         from gpufleet.server import create_app, serving_app
-        from gpufleet.settings import ServerSettings
 
         settings.setdefault("allow_anonymous", True)
-        s = ServerSettings(database_url=database_url, **settings)
+        s = make_settings(database_url, **settings)
         srv = LiveServer(serving_app(s) if front else create_app(s), free_port()).start()
         started.append(srv)
         return srv

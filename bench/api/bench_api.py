@@ -60,8 +60,9 @@ def throwaway_db(kind: str) -> Iterator[str]:
 @contextmanager
 def server(url: str) -> Iterator[str]:
     port = _free_port()
-    code = ("import uvicorn\nfrom gpufleet.server import create_app\nfrom gpufleet.settings import ServerSettings\n"
-            f"uvicorn.run(create_app(ServerSettings(database_url={url!r}, allow_anonymous=True)),"
+    code = ("import uvicorn\nfrom gpufleet.server import create_app\nfrom gpufleet.settings import Settings\n"
+            f"s = Settings.of({{'database': {{'url': {url!r}}}, 'auth': {{'allow_anonymous': True}}}})\n"
+            "uvicorn.run(create_app(s),"
             f" host='127.0.0.1', port={port}, log_level='warning')")
     proc = subprocess.Popen([sys.executable, "-c", code])
     base = f"http://127.0.0.1:{port}"

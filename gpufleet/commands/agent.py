@@ -70,6 +70,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# Command-line-only switches with an environment twin (not AgentConfig fields), for the docs.
+CLI_ENV = {
+    "GPUFLEET_AGENT_CONFIG": ("--config", "TOML file with agent settings (top level or `[agent]`)"),
+    "GPUFLEET_ONCE": ("--once", "take one sample (two for rates), then exit"),
+    "GPUFLEET_PRINT": ("--print", "with --once: print the sample, send nothing"),
+    "GPUFLEET_JSON": ("--json", "with --once --print: JSON instead of a table"),
+}
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from gpufleet.commands._db import add_database_args, database_url
+from gpufleet.commands._db import add_database_args, database_url, settings_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -127,15 +127,18 @@ def _db_command(args: argparse.Namespace, cmd: str) -> int:
     import os
 
     from gpufleet.alerts import silences as sil
-    from gpufleet.alerts.config import load_config, parse_duration
+    from gpufleet.alerts.config import parse_duration
+    from gpufleet.alerts.runner import alert_config
     from gpufleet.storage.db import make_engine
 
     engine = make_engine(database_url(args))
     now = time.time()
     try:
         if cmd == "evaluate":
-            cfg = load_config(args.rules).with_links(os.environ.get("GPUFLEET_PUBLIC_URL", ""),
-                                                     os.environ.get("GPUFLEET_GRAFANA_URL", ""))
+            settings = settings_from_args(args)
+            if args.rules:
+                settings = settings.replace(alerts={"rules": args.rules})
+            cfg = alert_config(settings)
             if not cfg.enabled:
                 print("alerts are disabled: set GPUFLEET_SLACK_WEBHOOK_URL or a rules file with a webhook",
                       file=sys.stderr)

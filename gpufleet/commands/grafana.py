@@ -23,27 +23,28 @@ DATASOURCE_UID = "gpufleet-pg"
 DATASOURCE_TYPE = "grafana-postgresql-datasource"
 GRAFANA_ROLE = "gpufleet_grafana"
 FOLDER_UID = "gpufleet"
-# A source checkout keeps them next to the package; the container image sets the variable.
-DEFAULT_DASHBOARDS = Path(os.environ.get("GPUFLEET_DASHBOARDS_DIR")
-                          or Path(__file__).resolve().parents[2] / "dashboards" / "json")
+# A source checkout keeps them next to the package; the container image sets GPUFLEET_DASHBOARDS_DIR.
+DEFAULT_DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards" / "json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("grafana", help="Grafana integration: upload the data source and dashboards")
     gsub = p.add_subparsers(dest="grafana_command", metavar="SUBCOMMAND")
     push = gsub.add_parser("push", help="create or update the data source, folder and dashboards in a Grafana")
-    push.add_argument("--url", default=os.environ.get("GRAFANA_URL") or os.environ.get("GPUFLEET_GRAFANA_URL"),
+    # GRAFANA_URL / GRAFANA_TOKEN: the names Grafana's own tools use; read here, not settings
+    # (they are this command's, not the server's).
+    push.add_argument("--url", default=os.environ.get("GRAFANA_URL"),
                       help="Grafana base URL (default $GRAFANA_URL, else $GPUFLEET_GRAFANA_URL)")
     push.add_argument("--token", default=os.environ.get("GRAFANA_TOKEN"),
                       help="service account token (Bearer), or USER:PASSWORD for basic auth (default $GRAFANA_TOKEN)")
-    push.add_argument("--datasource-url", default=os.environ.get("GPUFLEET_GRAFANA_DATASOURCE_URL"),
+    push.add_argument("--datasource-url", default=None,
                       help="how GRAFANA reaches gpufleet's PostgreSQL, as postgresql://USER:PASSWORD@HOST:PORT/DB"
                            "?sslmode=MODE; use the read-only role gpufleet_grafana "
                            "(default $GPUFLEET_GRAFANA_DATASOURCE_URL)")
     push.add_argument("--no-datasource", action="store_true", help="upload dashboards only")
     push.add_argument("--datasource-name", default="gpufleet", help="data source name shown in Grafana")
     push.add_argument("--folder", default="gpufleet", help="Grafana folder title (uid 'gpufleet')")
-    push.add_argument("--dashboards", type=Path, default=DEFAULT_DASHBOARDS,
+    push.add_argument("--dashboards", type=Path, default=None,
                       help="directory of dashboard JSON files "
                            f"(default $GPUFLEET_DASHBOARDS_DIR, else {DEFAULT_DASHBOARDS})")
     push.add_argument("--timeout", type=float, default=30.0, help="HTTP timeout in seconds")
@@ -158,10 +159,20 @@ def push(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fill_from_settings(args: argparse.Namespace) -> None:
+    from gpufleet.commands._db import settings_from_args
+
+    g = settings_from_args(args).grafana
+    args.url = args.url or g.url or None
+    args.datasource_url = args.datasource_url or g.datasource_url
+    args.dashboards = args.dashboards or g.dashboards_dir or DEFAULT_DASHBOARDS
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "grafana_command", None) != "push":
         args._grafana_parser.print_help()
         return 2
+    _fill_from_settings(args)
     if not args.dry_run and (not args.url or not args.token):
         print("gpufleet grafana push: --url and --token are required (or $GRAFANA_URL and $GRAFANA_TOKEN)",
               file=sys.stderr)

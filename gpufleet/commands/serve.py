@@ -1,57 +1,71 @@
 """`gpufleet serve`: the collector + REST API + web dashboard (production mode).
 
 Schema changes are `gpufleet migrate`'s job (a pre-deploy step); `--migrate` is for
-single-instance setups. With `--workers N`, uvicorn forks N processes that each build the
-app from the environment (`create_app_from_env`: the FastAPI app behind the ingest front,
-`collector.front.IngestFront`) and share the database, nothing else."""
+single-instance setups. With `--workers N`, uvicorn spawns N processes; each builds the app
+(`server.server_process_app`: the FastAPI app behind the ingest front) from the Settings this
+command built, handed over inside uvicorn's pickled Config (``SettingsConfig``), not through the
+environment. Each worker runs its own housekeeping (``storage.maintenance``, from the collector's
+lifespan) and shares nothing else but the database."""
 
 from __future__ import annotations
 
 import argparse
-import os
+from typing import Any
 
-from gpufleet.commands._db import add_database_args, database_url
+from gpufleet.commands._db import add_database_args, settings_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the collector, REST API and web dashboard")
     add_database_args(p)
-    p.add_argument("--host", default=os.environ.get("GPUFLEET_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(os.environ.get("GPUFLEET_PORT", "8000")))
-    p.add_argument("--workers", type=int, default=int(os.environ.get("GPUFLEET_WORKERS", "1")),
-                   help="collector/API processes (default 1)")
+    p.add_argument("--host", default=None, help="listen address (default $GPUFLEET_HOST, else 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default $GPUFLEET_PORT, else 8000)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="collector/API processes (default $GPUFLEET_WORKERS, else 1)")
     p.add_argument("--migrate", action="store_true", help="upgrade the schema before serving")
     p.add_argument("--allow-anonymous", action="store_true", default=None,
                    help="accept requests without a token (never on a shared network)")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
+def _flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    http = {k: v for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers)) if v is not None}
+    auth = {"allow_anonymous": True} if args.allow_anonymous else {}
+    return {"http": http, "auth": auth}
 
-    url = database_url(args)
-    os.environ["GPUFLEET_DATABASE_URL"] = url
-    if args.allow_anonymous:
-        os.environ["GPUFLEET_ALLOW_ANONYMOUS"] = "true"
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args, **_flags(args))
+    url = settings.database_url()
     if args.migrate:
         from gpufleet.storage.migrate import upgrade
 
         upgrade(url)
     else:
         _require_schema(url)
-    uvicorn.run(
-        "gpufleet.server:create_app_from_env",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers if args.workers > 1 else None,
-        log_level="info",
-        access_log=False,
+    serve(settings)
+    return 0
+
+
+def serve(settings: Any) -> None:
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from gpufleet.api.http_timeouts import http_protocol
+    from gpufleet.server import SettingsConfig
+
+    http = settings.http
+    config = SettingsConfig(
+        settings, host=http.host, port=http.port, workers=http.workers, log_level="info", access_log=False,
         # Nothing in gpufleet reads the client address, and uvicorn's X-Forwarded-* rewriting
         # middleware is ~3% of an ingest worker's CPU at thousands of requests/s.
         proxy_headers=False,
+        http=http_protocol(),  # request headers must arrive within GPUFLEET_HTTP_HEADER_TIMEOUT_S
     )
-    return 0
+    if config.workers > 1:
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
+    else:
+        uvicorn.Server(config).run()
 
 
 def _require_schema(url: str) -> None:

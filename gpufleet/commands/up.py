@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import ipaddress
 import logging
-import os
 import socket
 import threading
 import time
@@ -25,15 +24,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run everything in one process (SQLite, simulated or local GPUs)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
-    p.add_argument("--data-dir", default="./gpufleet-data",
-                   help="SQLite database, agent spools (default ./gpufleet-data)")
+    p.add_argument("--data-dir", default=None,
+                   help="SQLite database, agent spools (default $GPUFLEET_DATA_DIR, else ./gpufleet-data)")
     p.add_argument("--database-url", default=None, help="use this database instead of SQLite under --data-dir")
     p.add_argument("--simulate", type=int, default=None, metavar="NODES",
                    help="simulate NODES nodes (default: sample local GPUs via NVML, else simulate 16)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
     p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
     p.add_argument("--flush-s", type=float, default=5.0, help="agent flush interval in seconds (default 5)")
-    p.add_argument("--analysis-interval", type=float, default=30.0, help="seconds between analysis runs (default 30)")
+    p.add_argument("--analysis-interval", type=float, default=None,
+                   help="seconds between analysis runs (default $GPUFLEET_ANALYSIS_INTERVAL_S, else 60)")
     p.add_argument("--history-minutes", type=float, default=40.0,
                    help="simulated fleet: replay this much past history at start, so charts and flags (which "
                         "need 15-30 min of evidence) show at once (default 40; 0 = live only)")
@@ -87,6 +87,7 @@ class _Background:
         self.data_dir = data_dir
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.agent_token: str | None = None  # minted by run(): agents store data in every mode
 
     def start_agents(self) -> None:
         from gpufleet.agent.runner import Agent, AgentConfig
@@ -94,6 +95,7 @@ class _Background:
         for node, source in _sources(self.args):
             cfg = AgentConfig(
                 collector_url=self.base_url,
+                token=self.agent_token,
                 node=node,
                 flush_s=self.args.flush_s,
                 spool_dir=self.data_dir / "spool" / node,
@@ -127,20 +129,26 @@ class _Background:
         self.threads.append(t)
 
     def _analysis_loop(self, engine: Any) -> None:
+        from gpufleet.analysis.config import load_thresholds
         from gpufleet.analysis.runner import run_analysis
+        from gpufleet.analysis.state import StateCache
 
-        alerts = _alerts_hook()
+        settings = self.settings
+        alerts = _alerts_hook(settings)
+        every = settings.analysis.interval_s
+        path = settings.analysis.thresholds
+        thresholds = load_thresholds(str(path) if path else None)
+        cache = StateCache(max_bytes=int(settings.analysis.cache_mb * 2**20))
         # First pass soon after start so the page shows flags within a minute.
-        wait = min(20.0, self.args.analysis_interval)
+        wait = min(20.0, every)
         while not self.stop.wait(wait):
             try:
-                run_analysis(engine)
+                run_analysis(engine, thresholds=thresholds, cache=cache)
                 if alerts:
-                    settings = self.settings
-                    alerts(engine, base_url=settings.base_url(), grafana_url=settings.grafana_url)
+                    alerts(engine, settings, base_url=settings.base_url())
             except Exception:
                 log.exception("analysis pass failed; retrying next interval")
-            wait = self.args.analysis_interval
+            wait = every
 
     def shutdown(self) -> None:
         self.stop.set()
@@ -168,37 +176,47 @@ def _graceful_server(config: Any, bg: _Background) -> Any:
     return Server(config)
 
 
-def _alerts_hook() -> Any:
+def _alerts_hook(settings: Any) -> Any:
     """Slack alerts in embedded mode only when a webhook or rules file is configured."""
-    if not (os.environ.get("GPUFLEET_SLACK_WEBHOOK_URL") or os.environ.get("GPUFLEET_ALERT_RULES")):
+    if not settings.alerts.enabled:
         return None
-    from gpufleet.alerts.runner import evaluate_and_deliver_from_env
+    from gpufleet.alerts.runner import evaluate_and_deliver_with
 
-    return evaluate_and_deliver_from_env
+    return evaluate_and_deliver_with
 
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from gpufleet.commands._db import settings_from_args
     from gpufleet.gctune import tune_gc_for_server
     from gpufleet.server import serving_app
-    from gpufleet.settings import ServerSettings
-    from gpufleet.storage.db import resolve_url
     from gpufleet.storage.migrate import upgrade
-
-    data_dir = Path(args.data_dir).expanduser().resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    url = resolve_url(args.database_url, data_dir)
-    upgrade(url)
 
     loopback = _is_loopback(args.host)
     if not loopback:
         log.warning("listening on %s: anonymous access stays OFF; create tokens with `gpufleet token create`",
                     args.host)
-    settings = ServerSettings(database_url=url, data_dir=data_dir, host=args.host, port=args.port,
-                              allow_anonymous=loopback, analysis_interval_s=args.analysis_interval)
+    analysis = {"interval_s": args.analysis_interval} if args.analysis_interval is not None else {}
+    settings = settings_from_args(args, http={"host": args.host, "port": args.port},
+                                  auth={"allow_anonymous": loopback}, analysis=analysis)
+    data_dir = Path(settings.database.data_dir).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    settings = settings.replace(database={"data_dir": data_dir})
+    url = settings.database_url()
+    upgrade(url)
     local = f"http://127.0.0.1:{args.port}" if not loopback else f"http://{args.host}:{args.port}"
     bg = _Background(args, local, data_dir, settings)
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.tokens import mint_embedded_agent_token
+
+    # The embedded agents push over HTTP like remote ones: with anonymous access off (any
+    # non-loopback --host) they would get 401 for ever, so they get a token of their own.
+    token_engine = make_engine(url)
+    try:
+        bg.agent_token = mint_embedded_agent_token(token_engine)
+    finally:
+        token_engine.dispose()
 
     @contextlib.asynccontextmanager
     async def background(app: Any) -> AsyncIterator[None]:
@@ -208,9 +226,11 @@ def run(args: argparse.Namespace) -> int:
 
     # The ingest front: the simulated agents' batches skip the FastAPI request cycle.
     app = serving_app(settings, extra_lifespans=[background])
-    tune_gc_for_server()  # a long-running server process, like `serve`'s workers
+    tune_gc_for_server(settings.gc.threshold)  # a long-running server process, like `serve`'s workers
+    from gpufleet.api.http_timeouts import http_protocol
+
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                            proxy_headers=False)
+                            proxy_headers=False, http=http_protocol())  # header read timeout (slowloris)
     server = _graceful_server(config, bg)
 
     def announce() -> None:

@@ -44,16 +44,18 @@ def worker(pg_url: str, redis_url: str, fake_slack: Any, tmp_path: Path) -> Any:
     marker = tmp_path / "crashed"
     env = {**os.environ, "GPUFLEET_DATABASE_URL": pg_url, "GPUFLEET_REDIS_URL": redis_url,
            "GPUFLEET_SLACK_WEBHOOK_URL": fake_slack.url, "GPUFLEET_ALERT_RULES": str(rules),
-           "GPUFLEET_ALERTS_TEST_CRASH": f"after_sent:{marker}", "GPUFLEET_PUBLIC_URL": "http://fleet.test"}
+           "GPUFLEET_PUBLIC_URL": "http://fleet.test"}
     log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below
-    celery = str(Path(sys.executable).with_name("celery"))
-    proc = subprocess.Popen([celery, "-A", "gpufleet.celery_app", "worker", "--pool=prefork", "--concurrency=1",
+    crash_worker = str(Path(__file__).resolve().parent.parent / "support" / "crash_worker.py")
+    proc = subprocess.Popen([sys.executable, crash_worker, "alerts:after_sent", str(marker), "--",
+                             "worker", "--pool=prefork", "--concurrency=1",
                              "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
                              "-n", f"alerts-e2e-{os.getpid()}@localhost"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     from gpufleet.celery_app import make_celery
+    from gpufleet.settings import Settings
 
-    app = make_celery(redis_url)
+    app = make_celery(Settings.of({"celery": {"redis_url": redis_url}}))
     try:
         wait_for(lambda: proc.poll() is not None or (tmp_path / "worker.log").read_text().count("ready.") > 0,
                  60, "worker start")

@@ -19,6 +19,7 @@ from gpufleet.agent.simulator import make_job
 
 from .conftest import sim_batches
 
+CRASH_WORKER = Path(__file__).resolve().parent.parent / "support" / "crash_worker.py"
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
 
@@ -58,11 +59,10 @@ def test_ingest_worker_beat_flags_survive_a_killed_worker(pg_url: str, redis_url
     crash = tmp_path / "crashed"
     log = tmp_path / "worker.log"
     env = {**os.environ, "GPUFLEET_REDIS_URL": broker, "GPUFLEET_DATABASE_URL": pg_url,
-           "GPUFLEET_ANALYSIS_INTERVAL_S": "2", "GPUFLEET_ANALYSIS_LOCK_TTL_S": "4",
-           "GPUFLEET_ANALYSIS_TEST_CRASH": str(crash)}
+           "GPUFLEET_ANALYSIS_INTERVAL_S": "2", "GPUFLEET_ANALYSIS_LOCK_TTL_S": "4"}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "gpufleet.celery_app", "worker", "--beat", "--concurrency=1",
+            [sys.executable, str(CRASH_WORKER), "analysis", str(crash), "--", "worker", "--beat", "--concurrency=1",
              "--loglevel=INFO", f"--schedule={tmp_path / 'beat-schedule'}", "--without-gossip", "--without-mingle"],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     engine = make_engine(pg_url)

@@ -21,7 +21,7 @@ from gpufleet.collector.front import IngestFront
 from gpufleet.collector.routes import internal_error
 from gpufleet.collector.writer import Overloaded
 from gpufleet.server import create_app, serving_app
-from gpufleet.settings import ServerSettings
+from gpufleet.settings import Settings
 from gpufleet.storage import tokens
 from gpufleet.storage.db import make_engine
 
@@ -186,7 +186,7 @@ def test_front_failure_is_a_json_500_and_the_connection_lives(sqlite_url, live_s
 
 
 def test_disconnect_mid_body_sends_nothing(sqlite_url) -> None:
-    front = serving_app(ServerSettings(database_url=sqlite_url, allow_anonymous=True))
+    front = serving_app(Settings.of({"database": {"url": sqlite_url}, "auth": {"allow_anonymous": True}}))
     messages = iter([{"type": "http.request", "body": b"\x82", "more_body": True}, {"type": "http.disconnect"}])
     sent: list[dict[str, Any]] = []
 
@@ -208,7 +208,7 @@ def test_disconnect_mid_body_sends_nothing(sqlite_url) -> None:
 def test_without_lifespan_and_behind_a_root_path(sqlite_url) -> None:
     """TestClient with no lifespan: the front creates the collector on demand, as the route does;
     behind a root_path the route path is relative to it, as Starlette's router matches it."""
-    front = serving_app(ServerSettings(database_url=sqlite_url, allow_anonymous=True))
+    front = serving_app(Settings.of({"database": {"url": sqlite_url}, "auth": {"allow_anonymous": True}}))
     body, headers = protocol.encode(make_batch("n1", seq=1, start=time.time() - 30))
     client = TestClient(front, root_path="/gf")
     try:
@@ -221,7 +221,7 @@ def test_without_lifespan_and_behind_a_root_path(sqlite_url) -> None:
 
 
 def test_create_app_stays_the_fastapi_app(sqlite_url) -> None:
-    s = ServerSettings(database_url=sqlite_url)
+    s = Settings.of({"database": {"url": sqlite_url}})
     assert not isinstance(create_app(s), IngestFront)
     served = serving_app(s)
     assert isinstance(served, IngestFront) and served.state is served.app.state

@@ -1,0 +1,53 @@
+"""A Celery worker that kills its own process once at a chosen point: the crash injection for the
+end-to-end tests, kept out of the product (which offers only the hook lists it installs into).
+
+    python tests/support/crash_worker.py analysis MARKER -- worker --beat ...
+    python tests/support/crash_worker.py alerts:after_sent MARKER -- worker ...
+
+``analysis``: after the first analyzed job (``analysis.tasks.job_done_hooks``); ``alerts:STAGE``:
+at that delivery stage (``alerts.tasks.delivery_hooks``). The marker file records the crash, so it
+happens once: the process Celery starts in its place runs normally. Settings come from the
+environment the test gives this process (``make_celery(Settings.from_env())``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def crash_once(marker: Path, what: str) -> None:
+    if marker.exists():
+        return
+    marker.write_text(f"{what} {time.time()}")
+    os._exit(1)  # no cleanup, no ack: what a SIGKILLed worker process leaves behind
+
+
+def install(kind: str, marker: Path) -> None:
+    if kind == "analysis":
+        from gpufleet.analysis import tasks
+
+        tasks.job_done_hooks.append(lambda job_pk: crash_once(marker, f"job {job_pk}"))
+        return
+    part, _, stage = kind.partition(":")
+    if part != "alerts" or not stage:
+        raise SystemExit(f"unknown crash point {kind!r}: use analysis or alerts:STAGE")
+    from gpufleet.alerts import tasks as alert_tasks
+
+    alert_tasks.delivery_hooks.append(lambda at: crash_once(marker, at) if at == stage else None)
+
+
+def main(argv: list[str]) -> None:
+    kind, marker, sep, *celery_argv = argv
+    assert sep == "--", "usage: crash_worker.py KIND MARKER -- CELERY ARGS"
+    from gpufleet.celery_app import make_celery
+    from gpufleet.settings import Settings
+
+    app = make_celery(Settings.from_env())
+    install(kind, Path(marker))
+    app.worker_main(celery_argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
