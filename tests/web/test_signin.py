@@ -1,0 +1,157 @@
+"""Production sign-in in a real headless Chromium against the real app (anonymous access off):
+redirect to the sign-in page, a bad token refused, sign in and see data, roles as the API has
+them, CSRF and cross-site writes refused, sign out; and the trusted SSO proxy mode. Screenshots
+go to artifacts/screenshots/ (git-ignored)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from apiseed import seed
+from webpage import Page
+
+from gpufleet.storage.db import make_engine
+from gpufleet.storage.tokens import create_token
+
+pytestmark = pytest.mark.browser
+
+SILENCE = {"job": "1002", "reason": "maintenance", "expires_in": "1h"}
+
+
+def _silences(url: str) -> int:
+    e = sa.create_engine(url)
+    try:
+        with e.connect() as c:
+            return int(c.execute(sa.text("select count(*) from alert_silences")).scalar_one())
+    finally:
+        e.dispose()
+
+
+@pytest.fixture
+def prod(sqlite_url: str, live_server: Callable[..., Any]) -> tuple[Any, dict[str, str], str]:
+    e = make_engine(sqlite_url)
+    seed(e)
+    toks = {r: create_token(e, f"web-{r}", r) for r in ("viewer", "operator", "admin")}
+    e.dispose()
+    return live_server(sqlite_url, allow_anonymous=False), toks, sqlite_url
+
+
+def _post_js(pg: Any, with_csrf: bool) -> int:
+    """A change from the page's own script, with or without the session's CSRF token."""
+    fn = "window.gpufleetFetch" if with_csrf else "fetch"
+    return int(pg.evaluate(f"""async (body) => (await {fn}('/api/v1/alerts/silences', {{method: 'POST',
+        headers: {{'Content-Type': 'application/json'}}, body: JSON.stringify(body),
+        credentials: 'same-origin'}})).status""", SILENCE))
+
+
+def _sign_in(p: Page, token: str) -> Any:
+    pg = p.page
+    pg.fill("#token", token)
+    pg.click("#signin-form button[type=submit]")
+    return pg
+
+
+def test_sign_in_see_data_csrf_refused_sign_out(browser: Any, prod: tuple[Any, dict[str, str], str]) -> None:
+    srv, toks, url = prod
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    p = Page(ctx.new_page(), srv.url)
+    pg = p.page
+    try:
+        pg.goto(srv.url + "/jobs")
+        pg.wait_for_url("**/signin?next=%2Fjobs")
+        assert pg.locator("h1").inner_text() == "Sign in"
+        p.shot("signin-page")
+
+        _sign_in(p, "gpf_not_a_token")
+        pg.wait_for_function("() => document.getElementById('signin-error').textContent.length > 0")
+        assert "unknown or revoked token" in pg.locator("#signin-error").inner_text()
+        p.shot("signin-refused")
+
+        _sign_in(p, toks["viewer"])
+        pg.wait_for_url("**/jobs")
+        pg.wait_for_function("() => window.__gpufleet && window.__gpufleet.ready === true")
+        assert pg.locator("table.jobs tbody tr").count() == 5, "signed in: the data shows"
+        assert pg.locator("#who").inner_text().startswith("web-viewer (viewer)")
+        cookies = {c["name"]: c for c in ctx.cookies()}
+        assert cookies["gpufleet_session"]["httpOnly"] and cookies["gpufleet_session"]["sameSite"] == "Strict"
+        assert pg.evaluate("() => document.cookie").find("gpufleet_session") < 0, "script cannot read the session"
+        p.shot("signed-in-viewer")
+
+        # roles as in the API: a viewer's page may not silence, even with the CSRF token
+        assert _post_js(pg, with_csrf=True) == 403
+        assert pg.evaluate("() => window.gpufleetSession.can") == {"read": True, "silence": False, "tokens": False}
+
+        pg.click("#signout")
+        pg.wait_for_url("**/signin")
+        pg.goto(srv.url + "/")
+        pg.wait_for_url("**/signin?next=%2F")
+
+        _sign_in(p, toks["operator"])
+        pg.wait_for_url(srv.url + "/")
+        pg.wait_for_function("() => window.__gpufleet && window.__gpufleet.ready === true")
+        assert pg.locator("#gpu-grid .cell").count() == 8
+        assert _post_js(pg, with_csrf=False) == 403, "the cookie alone does not make a change: CSRF refused"
+        assert _silences(url) == 0
+        assert _post_js(pg, with_csrf=True) == 201
+        assert _silences(url) == 1
+        p.shot("signed-in-operator")
+
+        pg.click("#signout")
+        pg.wait_for_url("**/signin")
+        status = pg.evaluate("async () => (await fetch('/api/v1/fleet/summary')).status")
+        assert status == 401, "signed out: the session is gone on the server, not just in the browser"
+        p.shot("signed-out")
+        assert not p.errors or all("401" in e or "403" in e for e in p.errors), p.errors
+    finally:
+        ctx.close()
+
+
+def test_another_site_cannot_write_with_the_session(browser: Any, prod: tuple[Any, dict[str, str], str],
+                                                    live_server: Callable[..., Any], tmp_path: Any) -> None:
+    srv, toks, url = prod
+    other = live_server(f"sqlite:///{tmp_path / 'other.db'}", allow_anonymous=True)  # another origin (port)
+    from gpufleet.storage.migrate import upgrade
+
+    upgrade(f"sqlite:///{tmp_path / 'other.db'}")
+    ctx = browser.new_context()
+    p = Page(ctx.new_page(), srv.url)
+    try:
+        p.page.goto(srv.url + "/signin")
+        _sign_in(p, toks["operator"])
+        p.page.wait_for_url(srv.url + "/")
+        p.page.goto(other.url + "/signin")  # "evil" page, same browser, the victim still signed in
+        p.page.evaluate("""async ([target, body]) => {
+            try { await fetch(target + '/api/v1/alerts/silences', {method: 'POST', mode: 'no-cors',
+                  credentials: 'include', headers: {'Content-Type': 'text/plain'}, body}); } catch (e) {}
+        }""", [srv.url, json.dumps(SILENCE)])
+        assert _silences(url) == 0, "a cross-site text/plain POST stored nothing"
+    finally:
+        ctx.close()
+
+
+def test_sso_proxy_in_the_browser(browser: Any, sqlite_url: str, live_server: Callable[..., Any],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUFLEET_TRUSTED_PROXIES", "127.0.0.1")
+    monkeypatch.setenv("GPUFLEET_PROXY_GROUP_ROLES", "gpu-oncall=operator,*=viewer")
+    e = make_engine(sqlite_url)
+    seed(e)
+    e.dispose()
+    srv = live_server(sqlite_url, allow_anonymous=False)
+    # the proxy (here: the browser's extra headers from 127.0.0.1) says who signed in at the SSO
+    ctx = browser.new_context(extra_http_headers={"X-Forwarded-User": "alice", "X-Forwarded-Email":
+                                                  "alice@corp.example", "X-Forwarded-Groups": "gpu-oncall"})
+    p = Page(ctx.new_page(), srv.url)
+    try:
+        pg = p.open("/")
+        pg.wait_for_function("() => document.getElementById('who') !== null")
+        assert pg.locator("#who").inner_text().startswith("alice@corp.example (operator)")
+        assert pg.locator("#gpu-grid .cell").count() == 8
+        assert _post_js(pg, with_csrf=False) == 403
+        assert _post_js(pg, with_csrf=True) == 201
+        p.shot("sso-operator")
+    finally:
+        ctx.close()
