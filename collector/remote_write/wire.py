@@ -260,6 +260,9 @@ def _put_varint(out: bytearray, v: int) -> None:
     out.append(v)
 
 
+put_varint = _put_varint
+
+
 def _put_bytes(out: bytearray, tag: int, data: bytes) -> None:
     out.append(tag)
     _put_varint(out, len(data))
