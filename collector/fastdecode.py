@@ -83,7 +83,7 @@ class _DimCache:
         try:
             items = self.dec[fmt].decode(raw)
             self.check(items)
-        except (msgspec.DecodeError, msgspec.ValidationError, BatchRejected):
+        except (msgspec.DecodeError, msgspec.ValidationError, BatchRejected, RecursionError):
             return None
         self.cache[key] = items
         return items  # type: ignore[no-any-return]
@@ -170,8 +170,8 @@ def decode_prepared(body: bytes, content_type: str | None) -> Prepared | None:
                 return None
         if fast:
             _numpy_columns(fast, decoded, cols)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None  # the generic decode names it (deep nesting included)
     batch = Batch(agent=b.agent, v=b.v, gpus=gpus, jobs=jobs, allocations=b.allocations, samples={},
                   events=b.events)
     return prepare_typed(batch, decoded)

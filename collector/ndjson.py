@@ -92,18 +92,27 @@ def _open(path: str, encoding: str) -> IO[bytes]:
     return f
 
 
+def _read_line(reader: IO[bytes], limit: int) -> bytes:
+    """The next line, newline included (b"" at the end), reading at most ``limit + 1`` bytes
+    of it: a longer line is refused after that much, whatever its length (iterating a file
+    would hold the whole line first; a 1 GiB line took the server to 2 GB)."""
+    return reader.readline(limit + 1)
+
+
 def _lines(path: str, encoding: str, max_bytes: int | None, digest: Any = None) -> Iterator[tuple[int, bytes]]:
     total = 0
     with _open(path, encoding) as raw:
         reader = io.BufferedReader(raw, 1 << 20) if not isinstance(raw, io.BufferedReader) else raw  # type: ignore[arg-type]
-        for no, line in enumerate(reader, 1):
+        no = 0
+        while line := _read_line(reader, MAX_LINE):
+            no += 1
             total += len(line)
             if digest is not None:
                 digest.update(line)
             if max_bytes is not None and total > max_bytes:
                 raise ImportError_(f"line {no}: import exceeds {max_bytes} bytes", 413)
             if len(line) > MAX_LINE:
-                raise ImportError_(f"line {no}: longer than {MAX_LINE} bytes")
+                raise ImportError_(f"line {no}: longer than {MAX_LINE} bytes (the newline included)")
             if line.strip():
                 yield no, line
 
@@ -120,6 +129,8 @@ def _chunks(path: str, encoding: str, default_cluster: str, max_bytes: int | Non
             obj = _decoder.decode(line)
         except msgspec.DecodeError as e:
             raise ImportError_(f"line {no}: not valid JSON ({e})") from None
+        except RecursionError:
+            raise ImportError_(f"line {no}: nested too deeply (a line is one flat JSON object)") from None
         if not isinstance(obj, dict):
             raise ImportError_(f"line {no}: expected a JSON object, got {type(obj).__name__}")
         extra = obj.keys() - KNOWN

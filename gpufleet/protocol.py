@@ -402,6 +402,8 @@ def decode(body: bytes, content_type: str | None) -> Batch:
         raise ProtocolError(f"invalid batch: {e}") from None
     except msgspec.DecodeError as e:
         raise ProtocolError(f"malformed body: {e}") from None
+    except RecursionError:  # msgspec's decoders stop at the interpreter's recursion limit
+        raise ProtocolError("malformed body: nested too deeply (a batch is at most a few levels deep)") from None
     if batch.v != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {batch.v} not supported (this collector speaks {PROTOCOL_VERSION})")
     if batch.packed is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, select, update
+from sqlalchemy import Connection, and_, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
@@ -92,6 +92,18 @@ def _upsert_gpus(conn: Connection, per_node: dict[int, dict[str, Any]], now: flo
 _JOB_ATTRS = ("source", "user", "name", "account", "partition", "namespace", "num_nodes", "ntasks", "labels")
 
 
+def _merged_attr(t: Any, ins: Any, col: str) -> Any:
+    """A described job's attribute over the stored one. Unknown is not a value: an attribute
+    the describer does not know (None) never erases a known one. An import only fills gaps
+    (history never overrides what the live agents and the scheduler say) and never turns a
+    live job's source into ``import``; a bare reference's ``unknown`` source gives way."""
+    new, old = ins.excluded[col], t.c[col]
+    from_import = ins.excluded.source == "import"
+    if col == "source":
+        return case((and_(from_import, old != "unknown"), old), else_=new)
+    return case((from_import, func.coalesce(old, new)), else_=func.coalesce(new, old))
+
+
 def job_ids(conn: Connection, jobs: dict[tuple[int, str], Any], cache: WriteCache) -> dict[tuple[int, str], int]:
     """Upsert jobs (described by JobInfo, or bare when only referenced by samples)."""
     t = Job.__table__
@@ -127,7 +139,7 @@ def job_ids(conn: Connection, jobs: dict[tuple[int, str], Any], cache: WriteCach
                      else_=ins.excluded.start_ts)
         conn.execute(ins.on_conflict_do_update(
             index_elements=["cluster_id", "job_id"],
-            set_={**{c: ins.excluded[c] for c in _JOB_ATTRS},
+            set_={**{c: _merged_attr(t, ins, c) for c in _JOB_ATTRS},
                   "start_ts": case((ins.excluded.start_ts.is_(None), t.c.start_ts), else_=start)}), described)
     if bare:
         conn.execute(ins.on_conflict_do_nothing(index_elements=["cluster_id", "job_id"]), bare)
