@@ -33,13 +33,19 @@ class _DbGauges(Collector):
         self.app = app
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from gpufleet.storage.models import Flag, Gpu, Job
+        from gpufleet.storage.models import Flag, Gpu, Job, JobReport
 
         try:
             with self.app.state.engine.connect() as c:
                 running = c.execute(select(func.count(Job.id)).where(Job.state == "running")).scalar_one()
                 flags = c.execute(select(func.count(Flag.id)).where(Flag.open.is_(True))).scalar_one()
                 gpus = c.execute(select(func.count(Gpu.id))).scalar_one()
+                # newest sample of a running job the analysis has not covered yet (PrometheusRule
+                # GpufleetAnalysisLagging); a job never analysed counts from its start
+                lag = c.execute(select(func.max(Job.last_sample_ts - func.coalesce(
+                    JobReport.analyzed_until, Job.start_ts, Job.last_sample_ts)))
+                    .select_from(Job).outerjoin(JobReport, JobReport.job_pk == Job.id)
+                    .where(Job.state == "running")).scalar_one()
         except Exception:  # a scrape must not fail because the DB is down; /readyz reports that
             up = GaugeMetricFamily("gpufleet_api_database_up", "1 if the last scrape could query the database")
             up.add_metric([], 0)
@@ -50,7 +56,9 @@ class _DbGauges(Collector):
         yield up
         for name, doc, v in (("gpufleet_jobs_running", "Jobs in state running", running),
                              ("gpufleet_flags_open", "Open goodput flags", flags),
-                             ("gpufleet_gpus_known", "GPUs the fleet has reported", gpus)):
+                             ("gpufleet_gpus_known", "GPUs the fleet has reported", gpus),
+                             ("gpufleet_analysis_lag_seconds", "How far analysis trails the newest sample of a "
+                              "running job (max over jobs)", max(0.0, float(lag or 0.0)))):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], v)
             yield g

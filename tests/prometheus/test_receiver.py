@@ -150,3 +150,22 @@ def test_metrics_count_requests_ignored_series_and_rows(sqlite_url, live_server)
     assert 'gpufleet_remote_write_requests_total{status="400"} 1.0' in text
     assert "gpufleet_remote_write_rows_total 12.0" in text
     assert 'gpufleet_remote_write_ignored_series_total{reason="no_gpu_identity"}' in text
+
+
+def test_analysis_lag_gauge_for_the_prometheus_rule(database_url, live_server) -> None:
+    from gpufleet.analysis.runner import run_analysis
+
+    srv = live_server(database_url)
+
+    def lag() -> float:
+        line = next(x for x in httpx.get(srv.url + "/metrics").text.splitlines()
+                    if x.startswith("gpufleet_analysis_lag_seconds "))
+        return float(line.split()[1])
+
+    assert lag() == 0.0  # no jobs: nothing to lag behind
+    assert post(srv.url, _fleet(steps=3)).status_code == 200
+    assert lag() == pytest.approx(30.0)  # three scrapes 15 s apart, never analysed
+    e = make_engine(database_url)
+    assert not run_analysis(e).errors
+    assert lag() == 0.0
+    e.dispose()
