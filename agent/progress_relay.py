@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from gpufleet.progress import default_socket_paths
-from gpufleet.progress_fold import Folder
+from gpufleet.progress_fold import EXPIRE_S, Folder
 from gpufleet.protocol import ProgressWindow
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,13 @@ class ProgressRelay:
     stream that did not say (the agent's attribution: the one job on this node, if one)."""
 
     def __init__(self, path: str | os.PathLike[str], *, job_for: Callable[[dict[str, Any]], str | None] | None = None,
-                 mono: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 mono: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 expire_s: float = EXPIRE_S) -> None:
         self.path = str(path)
         self.job_for = job_for
         self.mono = mono
         self.wall = wall
-        self.folder = Folder()
+        self.folder = Folder(expire_s)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.received = 0  # datagrams

@@ -228,6 +228,10 @@ class Reporter:
                 "destination": self._sink.where if self._sink else self._dest, "error": self._last_error}
 
     def shutdown(self, timeout: float = 2.0) -> None:
+        """Flush and stop; tells the relay the process ends cleanly (what follows its last step
+        is teardown, not lost work)."""
+        if not self.disabled and self._pid == os.getpid():
+            self._emit(("x", time.monotonic()))
         self.flush()
         self._stop = True
         self._wake.set()

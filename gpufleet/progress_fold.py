@@ -130,6 +130,7 @@ class Stream:
         self.last_step_mono: float | None = None
         self.last_seen = seen_mono
         self.last_now = self.mono0  # the sender's clock in its latest datagram
+        self.exited_at: float | None = None  # a clean exit: what follows the last step is teardown
         self.window = _Window(self.floor(self.wall0))
         self.window.started = self.wall0
         self.window.alive = True
@@ -241,7 +242,9 @@ class Stream:
             self.spans_since += d
             self.depth = []
         pending = max(0.0, seen - self.cursor - self.spans_since)
-        if pending > self.stall_limit():
+        if self.exited_at is not None:  # a clean exit: nothing was lost, the process wound down
+            self.window.spans["shutdown"] = self.window.spans.get("shutdown", 0.0) + pending
+        elif pending > self.stall_limit():
             self.window.stall_s += pending
         else:
             self.window.unfinished_s += pending
@@ -281,7 +284,8 @@ class Folder:
     """All streams of a host. ``feed`` each datagram; ``close_due`` returns finished windows.
     Bounded: at most MAX_STREAMS streams (a new one beyond that is refused and counted)."""
 
-    def __init__(self) -> None:
+    def __init__(self, expire_s: float = EXPIRE_S) -> None:
+        self.expire_s = expire_s
         self.streams: dict[tuple[Any, ...], Stream] = {}
         self.ready: list[dict[str, Any]] = []
         self.refused = 0  # datagrams from streams beyond MAX_STREAMS
@@ -325,13 +329,14 @@ class Folder:
             s.on_span_end(t, str(ev[2]), float(ev[3]))
         elif kind == "v":
             s.on_event(t, str(ev[2]), ev[3] if len(ev) > 3 else {})
+        elif kind == "x":  # the process is exiting normally (atexit / shutdown())
+            s.exited_at = t
 
     def close_due(self, now_wall: float, now_mono: float) -> list[dict[str, Any]]:
-        """Windows complete by now (their end is CLOSE_GRACE_S past); streams silent for
-        EXPIRE_S end with a final window."""
+        """Windows complete by now (their end is CLOSE_GRACE_S past); streams that exited, or
+        were silent for ``expire_s``, end with a final window."""
         for key, s in list(self.streams.items()):
-            silent = now_mono - s.last_seen > EXPIRE_S
-            if silent:
+            if now_mono - s.last_seen > self.expire_s or s.exited_at is not None:
                 self.ready.append(s.finish())
                 del self.streams[key]
                 continue

@@ -33,6 +33,7 @@ from gpufleet.storage.jobs import allocations, close_stale_jobs, touch_jobs
 from gpufleet.storage.ledger import ledger_insert
 from gpufleet.storage.models import gpu_samples_1m, job_samples_1m
 from gpufleet.storage.prepared import BatchResult, Prepared, WriteResult
+from gpufleet.storage.progress_writes import write_progress_section
 from gpufleet.storage.raw_samples import insert_samples
 from gpufleet.storage.rollups import rollup, upsert_rollup
 from gpufleet.storage.write_cache import WriteCache
@@ -72,7 +73,7 @@ class WriteContext:
 # batch's index to refuse one). To store a new section: a storage module with such a
 # function and its entry here; nothing else in the write path changes.
 SectionWriter = Callable[[WriteContext], None]
-SECTION_WRITERS: tuple[SectionWriter, ...] = (write_events,)
+SECTION_WRITERS: tuple[SectionWriter, ...] = (write_events, write_progress_section)
 
 
 def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cache: WriteCache | None = None,
