@@ -13,6 +13,7 @@ from gpufleet.storage.models import Cluster, Job
 
 S, A, OB = AlertSilence.__table__, Alert.__table__, AlertOutbox.__table__
 MAX_SILENCE_S = 90 * 86400.0  # a forgotten silence must not hide a job forever
+MAX_ID = 2**31 - 1  # alert_silences.id is a 32-bit INTEGER on PostgreSQL
 MATCHER_MAX = {"job": 255, "user": 255, "flag": 32, "cluster": 128}  # the alert_silences columns
 
 
@@ -36,6 +37,11 @@ class NewSilence:
             # control character: refuse them here rather than fail (500) in the database.
             if value is not None and any(ord(c) < 32 and c not in "\t\n" for c in value):
                 raise SilenceError(f"{name} contains a NUL or other control character; remove it")
+            if value is not None and not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise SilenceError(f"{name} is not valid UTF-8 text (a lone surrogate)") from None
             if value is not None and name != "reason" and len(value) > MATCHER_MAX[name]:
                 raise SilenceError(f"{name} is longer than {MATCHER_MAX[name]} characters")
         if not any((self.job, self.user, self.kind, self.cluster)):
@@ -59,6 +65,8 @@ def create_silence(engine: Engine, s: NewSilence, created_by: str, now: float) -
 
 
 def get_silence(engine: Engine, sid: int) -> dict[str, Any] | None:
+    if not 0 < sid <= MAX_ID:
+        return None
     with engine.connect() as c:
         r = c.execute(select(S).where(S.c.id == sid)).first()
     return dict(r._mapping) if r else None
@@ -73,6 +81,8 @@ def list_silences(engine: Engine, now: float, include_expired: bool = False) -> 
 
 
 def expire_silence(engine: Engine, sid: int, now: float) -> bool:
+    if not 0 < sid <= MAX_ID:  # an id no row can have; the database would overflow (500) on it
+        return False
     with engine.begin() as c:
         return c.execute(update(S).where(S.c.id == sid, S.c.expires_at > now).values(expires_at=now)).rowcount == 1
 
