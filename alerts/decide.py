@@ -79,6 +79,9 @@ def summarize(flags: Iterable[FlagFact]) -> dict[str, KindSummary]:
 def rule_matches(rule: Rule, job: JobFacts, s: KindSummary, now: float) -> bool:
     if s.kind not in rule.flags:
         return False
+    # Low-confidence verdicts (too few GPUs had the signals) are shown, never paged.
+    if all(f.evidence.get("confidence") == "low" for f in s.flags):
+        return False
     if SEVERITY_RANK.get(s.severity, 0) < SEVERITY_RANK[rule.min_severity]:
         return False
     if job.n_gpus < rule.min_gpus or job.runtime_s(now) < rule.min_duration_s:

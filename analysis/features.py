@@ -188,7 +188,9 @@ def minute_features(
     n = np.zeros((n_gpus, m_total))
     n[gi, mi] = counts
     # Median spacing of consecutive samples of the same GPU: the agent's interval.
-    dts = np.diff(ts)[~new[1:]] if len(ts) > 1 else np.zeros(0)
+    # Across minute boundaries too: at 60 s sampling every minute holds one sample.
+    same_gpu = (key[1:] // m_total) == (key[:-1] // m_total)
+    dts = np.diff(ts)[same_gpu] if len(ts) > 1 else np.zeros(0)
     dts = dts[dts > 0]
     # Rounded to 0.1 s: the agent's configured interval, stable under timestamp jitter, so a
     # job read in pieces (incremental) and read whole give the same report.

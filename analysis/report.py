@@ -12,7 +12,7 @@ from gpufleet.catalog import CATALOG
 
 from .config import Thresholds, load_thresholds
 from .detectors import Finding, JobContext, JobView, run_detectors
-from .detectors.base import CounterMinutes
+from .detectors.base import CounterMinutes, MinuteSignals
 from .features import HIST_FIELDS, MinuteFeatures, hist_quantile
 from .windows import build_windows
 
@@ -74,12 +74,11 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     ctx = JobContext(meta.gpu_uuids, meta.gpu_nodes, meta.model, th.model(meta.model), first_ts, last_ts)
 
     findings: list[Finding] = []
-    w = None
+    job: JobView | None = None
     if feats.n.size and feats.n.sum() > 0:
         w = build_windows(feats, th.general.window_s, th.general.min_window_coverage)
-        job = JobView(w, CounterMinutes.of(feats), ctx, th, events or [])
+        job = JobView(w, CounterMinutes.of(feats), MinuteSignals.of(feats), ctx, th, events or [])
         findings = run_detectors(job)
-        idle = job.idle
     # Ended jobs: nothing is going on any more.
     for fd in findings:
         fd.ongoing = fd.ongoing and meta.running
@@ -97,23 +96,34 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     wasted_by: dict[str, float] = {}
     wasted_total = 0.0
     score = None
-    if w is not None:
-        valid_obs = float(w.obs_s[w.valid].sum())
+    coverage: dict[str, Any] | None = None
+    if job is not None:
+        w = job.w
+        coverage = job.coverage.as_json()
+        judged = job.judged
+        valid_obs = float(w.obs_s[judged].sum())
         if valid_obs > 0:
-            active_share = float(w.obs_s[w.valid & ~idle].sum()) / valid_obs
+            active_share = float(w.obs_s[judged & ~job.idle].sum()) / valid_obs
         claim = np.zeros_like(w.obs_s)
         for fd in findings:
             if fd.claim.size:
                 claim = np.maximum(claim, fd.claim)
-            wasted_by[fd.kind] = round(wasted_by.get(fd.kind, 0.0) + fd.wasted_gpu_hours, 4)
-        wasted_total = float((claim * w.obs_s).sum() / 3600.0)
-        # Score: useful share of observed GPU time. SM activity below the DCGM "effective"
-        # target counts against it even unflagged; flagged waste caps it; no double counting.
+        # Waste adds up: each GPU-window's claims (the largest, never a sum) are <= 1 of its
+        # observed time, and the job's total never exceeds its allocation; per-cause numbers
+        # (which may overlap) are each capped the same way.
+        wasted_total = min(float((claim * w.obs_s).sum() / 3600.0), allocated)
+        for fd in findings:
+            fd.wasted_gpu_hours = round(min(fd.wasted_gpu_hours, allocated), 4)
+            wasted_by[fd.kind] = round(min(wasted_by.get(fd.kind, 0.0) + fd.wasted_gpu_hours, allocated), 4)
+        # Score: useful share of the judged GPU time. SM activity below the DCGM "effective"
+        # target counts against it even unflagged (without profiling metrics: the NVML duty
+        # cycle, which cannot see half-empty SMs); flagged waste caps it; no double counting.
+        # Windows with no activity signal are unknown, so they are left out, not scored 0.
         target = th.general.target_sm_active
-        eff = np.minimum(1.0, np.nan_to_num(w.f.sm) / target)
-        useful = np.minimum(eff, 1.0 - claim)
+        eff = np.where(job.from_util, np.nan_to_num(job.activity), np.nan_to_num(w.f.sm) / target)
+        useful = np.minimum(np.minimum(eff, 1.0), 1.0 - claim)
         if valid_obs > 0:
-            score = round(float((useful * w.obs_s)[w.valid].sum()) / valid_obs, 4)
+            score = round(float((useful * w.obs_s)[judged].sum()) / valid_obs, 4)
     tensor_mean = stats["tensor_active"]["mean"]
     peak = model.peak_tensor_tflops if model else None
     achieved = _r(tensor_mean * peak * g, 1) if (peak and tensor_mean is not None) else None
@@ -149,6 +159,11 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     if feats.interval_s > 2.5:
         notes.append(f"samples every {feats.interval_s:g} s: input_stall (the busy/idle alternation) needs <= 2 s "
                      "sampling; a stalled job shows as low_sm_activity instead")
+    cov_note = job.coverage.note() if job is not None else None
+    if cov_note:
+        notes.append(cov_note)
+    if job is not None and not job.judged.any():
+        notes.append("no window had an activity signal (sm_active or gpu_util): nothing judged, no flag")
     report = {
         "version": REPORT_VERSION,
         "job_id": meta.job_id,
@@ -167,6 +182,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
                    "wasted_gpu_hours": f.wasted_gpu_hours} for f in findings],
         "per_gpu": per_gpu,
         "sample_interval_s": _r(feats.interval_s, 3),
+        "coverage": coverage,
         "notes": notes,
     }
     return JobAnalysis(report, findings, score, round(allocated, 4), round(wasted_total, 4))

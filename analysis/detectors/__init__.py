@@ -16,6 +16,7 @@ from ..config import Thresholds
 from ..features import MinuteFeatures, minute_features
 from . import (
     comm_bound,
+    hung,
     hw_fault,
     idle_gpu,
     input_stall,
@@ -34,7 +35,7 @@ def _spec(module: Any) -> DetectorSpec[Any]:
 
 
 DETECTORS: tuple[DetectorSpec[Any], ...] = tuple(_spec(m) for m in (
-    idle_gpu, oversized_allocation, comm_bound, input_stall, memory_underuse, straggler, throttled,
+    idle_gpu, oversized_allocation, hung, comm_bound, input_stall, memory_underuse, straggler, throttled,
     no_tensor_cores, low_sm_activity, hw_fault,
 ))
 

@@ -77,18 +77,91 @@ class CounterMinutes:
                    f["nvl_err_min"], f["replay_max"], f["replay_min"])
 
 
+@dataclass(frozen=True)
+class MinuteSignals:
+    """Per-GPU, per-minute (G x M) means, for patterns that must be timed finer than a window
+    (a hang is told from a 10-minute checkpoint by minutes). NaN = not measured."""
+
+    b0: int  # first minute
+    n: np.ndarray  # samples per GPU-minute
+    sm: np.ndarray
+    gpu_util: np.ndarray
+    tensor: np.ndarray
+    dram: np.ndarray
+    power: np.ndarray
+    nvl: np.ndarray  # max of tx/rx, bytes/s
+    ib: np.ndarray
+
+    @classmethod
+    def of(cls, m: MinuteFeatures) -> MinuteSignals:
+        f = m.f
+        return cls(m.b0, m.n, f["sm"], f["gpu_util"], f["tensor"], f["dram"], f["power"],
+                   np.fmax(f["nvl_tx"], f["nvl_rx"]), np.fmax(f["ib_tx"], f["ib_rx"]))
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which signals each GPU reported (G,) in the judged windows: unknown is not zero, so a
+    detector whose signal is missing abstains or falls back, and says so."""
+
+    profiling: np.ndarray  # sm_active (DCGM profiling / GPM)
+    tensor: np.ndarray
+    dram: np.ndarray
+    gpu_util: np.ndarray  # NVML utilisation
+    power: np.ndarray
+    clock: np.ndarray
+    links: np.ndarray  # NVLink or InfiniBand throughput
+    fb_total: np.ndarray
+
+    @classmethod
+    def of(cls, w: Windows) -> Coverage:
+        f = w.f
+
+        def has(*xs: np.ndarray) -> np.ndarray:
+            return np.any([(w.valid & ~np.isnan(x)).any(axis=1) for x in xs], axis=0)
+
+        return cls(has(f.sm), has(f.tensor), has(f.dram), has(f.gpu_util), has(f.power), has(f.clock),
+                   has(f.nvl_tx, f.nvl_rx, f.ib_tx, f.ib_rx), has(f.fb_total))
+
+    def as_json(self) -> dict[str, int]:
+        return {"n_gpus": len(self.profiling), "sm_active": int(self.profiling.sum()),
+                "tensor_active": int(self.tensor.sum()), "dram_active": int(self.dram.sum()),
+                "gpu_util": int(self.gpu_util.sum()), "power_w": int(self.power.sum()),
+                "sm_clock_mhz": int(self.clock.sum()), "links": int(self.links.sum()),
+                "fb_total_bytes": int(self.fb_total.sum())}
+
+    def note(self) -> str | None:
+        """What the verdicts rest on when profiling metrics are missing (None when all have them)."""
+        g = len(self.profiling)
+        missing = int(g - self.profiling.sum())
+        if g == 0 or missing == 0:
+            return None
+        basis = [name for name, have in (("gpu_util", self.gpu_util), ("power", self.power)) if have.any()]
+        judged = f"judged from {' and '.join(basis)}" if basis else "no activity signal: not judged"
+        return f"profiling metrics missing on {missing}/{g} GPUs: {judged}"
+
+
 @dataclass
 class JobView:
-    """Everything a detector may read about one job: window features (G x K), the minute
-    features they came from, agent events, and the shared idle/active split."""
+    """Everything a detector may read about one job: window features (G x K), error counters,
+    agent events, which signals exist, and the shared idle/active split.
+
+    A GPU-window is *judged* when it has enough samples and at least one activity signal
+    (``sm_active``, else NVML ``gpu_util``). Where neither was measured nothing is concluded:
+    such windows are neither idle nor active."""
 
     w: Windows
     counters: CounterMinutes
+    minutes: MinuteSignals
     ctx: JobContext
     th: Thresholds
     events: list[EventRow]
     general: General = field(init=False)
     window_s: float = field(init=False)
+    coverage: Coverage = field(init=False)
+    judged: np.ndarray = field(init=False)  # (G, K)
+    from_util: np.ndarray = field(init=False)  # (G, K) judged from gpu_util alone (no sm_active)
+    activity: np.ndarray = field(init=False)  # (G, K) sm_active, else gpu_util (an upper bound of it)
     valid_k: np.ndarray = field(init=False)  # (K,) windows with any GPU judged
     idle: np.ndarray = field(init=False)  # (G, K)
     active: np.ndarray = field(init=False)  # (G, K) judged and not idle
@@ -98,13 +171,21 @@ class JobView:
         g, f = self.th.general, self.w.f
         self.general = g
         self.window_s = self.w.w_min * 60.0
-        self.valid_k = self.w.valid.any(axis=0)
+        self.coverage = Coverage.of(self.w)
+        sm_ok = ~np.isnan(f.sm)
+        util_ok = ~np.isnan(f.gpu_util)
+        self.judged = self.w.valid & (sm_ok | util_ok)
+        self.from_util = self.judged & ~sm_ok
+        self.activity = np.where(sm_ok, f.sm, f.gpu_util)
         # NVML utilisation says whether a kernel ran at all: where it is high the GPU is not
         # idle, whatever the profiling counters say (a kernel spinning on one SM is a hang).
-        self.idle = self.w.valid & (np.nan_to_num(f.sm, nan=0.0) < g.idle_sm_active) & (
-            np.nan_to_num(f.busy_frac, nan=0.0) <= g.idle_busy_frac) & ~(f.gpu_util >= g.idle_gpu_util)
-        self.active = self.w.valid & ~self.idle
+        idle_prof = sm_ok & (np.nan_to_num(f.sm) < g.idle_sm_active) & (
+            np.nan_to_num(f.busy_frac) <= g.idle_busy_frac) & ~(f.gpu_util >= g.idle_gpu_util)
+        idle_util = ~sm_ok & util_ok & (np.nan_to_num(f.gpu_util) < g.idle_gpu_util)
+        self.idle = self.judged & (idle_prof | idle_util)
+        self.active = self.judged & ~self.idle
         self.n_active = self.active.sum(axis=0)
+        self.valid_k = self.judged.any(axis=0)
 
     @property
     def n_gpus(self) -> int:
@@ -156,7 +237,7 @@ def make_finding(job: JobView, kind: str, cfg: KindConfig, det: Detection, claim
     w = job.w
     spec = flag_kinds().get(kind)
     em = episode_mask(det, w.k)
-    claim = np.where(em[None, :] & w.valid, np.clip(np.nan_to_num(claim), 0.0, 1.0), 0.0)
+    claim = np.where(em[None, :] & job.judged, np.clip(np.nan_to_num(claim), 0.0, 1.0), 0.0)
     wasted = float((claim * w.obs_s).sum() / 3600.0)
     start = max(job.ctx.first_ts, w.t0(det.episodes[0].k0))
     end = min(job.ctx.last_ts, w.t1(det.episodes[-1].k1 - 1))
@@ -164,11 +245,33 @@ def make_finding(job: JobView, kind: str, cfg: KindConfig, det: Detection, claim
     if wasted >= job.general.critical_wasted_gpu_hours:
         sev = "critical"
     longest = max(e.windows for e in det.episodes) * job.window_s
+    conf, basis = confidence(job, em)
     evidence = {**evidence, "flagged_minutes": round(det.flagged_s / 60, 1),
                 "judged_minutes": round(det.judged_s / 60, 1), "episodes": len(det.episodes),
-                "longest_episode_minutes": round(longest / 60, 1)}
+                "longest_episode_minutes": round(longest / 60, 1), "confidence": conf, "judged_from": basis}
     return Finding(kind, scope, sev, start, end, det.ongoing, round(wasted, 4), evidence,
                    spec.suggestion_for(job.ctx.workload_class), claim, em)
+
+
+def confidence(job: JobView, em: np.ndarray) -> tuple[str, list[str]]:
+    """How much a verdict over windows ``em`` can be trusted, from what it rests on: high when
+    the GPUs had profiling metrics, medium when judged from NVML utilisation alone (a duty
+    cycle: it tells idle from busy, not how full the SMs were), low when fewer than half of
+    the job's GPUs could be judged there."""
+    judged = job.judged & em[None, :]
+    n = int(judged.sum())
+    if n == 0:
+        return "low", []
+    cov = job.coverage
+    from_util = float((job.from_util & judged).sum()) / n
+    basis = ["gpu_util"] if from_util > 0.5 else ["sm_active"]
+    basis += [name for name, have in (("gpu_util", cov.gpu_util), ("tensor_active", cov.tensor),
+                                      ("dram_active", cov.dram), ("power_w", cov.power), ("sm_clock_mhz", cov.clock),
+                                      ("links", cov.links)) if have.any() and name not in basis]
+    gpus_judged = int(judged.any(axis=1).sum())
+    if gpus_judged * 2 < job.n_gpus:
+        return "low", basis
+    return ("medium" if from_util > 0.5 else "high"), basis
 
 
 Cfg = TypeVar("Cfg", bound=KindConfig)

@@ -20,6 +20,10 @@ class Config(KindConfig):
     critical_after_s: float  # an idle stretch this long is critical (JDS cancels at 120 min)
 
 
+def _max_or_none(x: np.ndarray) -> float | None:
+    return r3(np.nanmax(x)) if np.any(~np.isnan(x)) else None  # not measured: null, never 0
+
+
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     all_idle = job.valid_k & (job.n_active == 0) & (job.idle.sum(axis=0) > 0)
     det = job.episodes(all_idle, cfg)
@@ -30,6 +34,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     sev = "critical" if longest >= cfg.critical_after_s else None
     f = job.w.f
     return [make_finding(job, KIND, cfg, det, job.idle.astype(float), {
-        "sm_active_max": r3(np.nanmax(np.where(job.idle & em[None, :], f.sm, np.nan))),
+        "sm_active_max": _max_or_none(np.where(job.idle & em[None, :], f.sm, np.nan)),
+        "gpu_util_max": _max_or_none(np.where(job.idle & em[None, :], f.gpu_util, np.nan)),
         "idle_gpus": int(job.idle.any(axis=1).sum()), "n_gpus": job.n_gpus,
         "threshold_sm_active": job.general.idle_sm_active}, severity=sev)]

@@ -1,5 +1,11 @@
 """low_sm_activity: SMs mostly empty and no more specific cause explains it (the generic
-diagnosis, so it runs after the specific ones and steps aside where they flagged)."""
+diagnosis, so it runs after the specific ones and steps aside where they flagged).
+
+Judged on the window mean, whatever the sampling interval: a bursty job at 10% SM sampled
+every 15 s is as empty as a steady one (the old "steady" condition needed 1 s samples).
+Without profiling metrics it falls back to NVML ``gpu_util``, an upper bound of SM activity
+(a kernel running on any SM counts as utilised): util below the threshold means the SMs are
+emptier still; util high says nothing, so no verdict."""
 
 from __future__ import annotations
 
@@ -9,33 +15,43 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, masked_median
+from ..windows import episode_mask, episodes, masked_median
 from .base import Finding, Found, JobView, make_finding
 
 KIND = "low_sm_activity"
 # Causes more specific than "SMs mostly empty": where one flagged, this one stays quiet.
-EXPLAINED_BY = ("comm_bound", "input_stall", "memory_underuse", "straggler")
+EXPLAINED_BY = ("idle_gpu", "oversized_allocation", "hung", "comm_bound", "input_stall", "memory_underuse", "straggler")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Config(KindConfig):
     SECTION: ClassVar[str] = KIND
     sm_active_max: float  # DCGM guide: < 0.5 likely ineffective
-    busy_frac_min: float  # steady (not alternating: that is input_stall)
 
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f = job.w.f
-    med_sm = masked_median(f.sm, job.active)
-    med_busy = masked_median(f.busy_frac, job.active)
+    # Per window: the active GPUs' median; a window where every GPU idles counts as 0, so a
+    # bursty job whose coarse samples land between bursts (idle windows interleaved with
+    # light ones) is still one low-duty episode. Long idle stretches are idle_gpu's.
+    med = np.where(job.n_active > 0, masked_median(job.activity, job.active), 0.0)
     explained = found.explained(job.w.k, *EXPLAINED_BY)
-    mask = (job.valid_k & (job.n_active > 0) & (med_sm < cfg.sm_active_max)
-            & ~(med_busy < cfg.busy_frac_min) & ~explained)
+    mask = job.valid_k & (med < cfg.sm_active_max) & ~explained
+    # ... but a stretch that is idle nearly throughout is idleness, not half-empty SMs: keep
+    # only runs where GPUs did some work in at least a quarter of the windows.
+    for e in episodes(mask, job.valid_k):
+        run = np.zeros_like(mask)
+        run[e.k0:e.k1] = True
+        run &= job.valid_k
+        if (job.n_active[run] > 0).sum() * 4 < run.sum():
+            mask &= ~run
     det = job.episodes(mask, cfg)
     if not det:
         return []
     em = episode_mask(det, job.w.k)
-    claim = np.where(job.active, 1.0 - np.minimum(1.0, np.nan_to_num(f.sm) / job.general.target_sm_active), 0.0)
+    claim = np.where(job.judged, 1.0 - np.minimum(1.0, np.nan_to_num(job.activity) / job.general.target_sm_active),
+                     0.0)
     return [make_finding(job, KIND, cfg, det, claim, {
         "sm_active": job.stats(f.sm, em), "sm_occupancy": job.stats(f.occ, em),
-        "gpu_util": job.stats(f.gpu_util, em), "threshold_sm_active": cfg.sm_active_max})]
+        "gpu_util": job.stats(f.gpu_util, em), "busy_fraction": job.stats(f.busy_frac, em),
+        "threshold_sm_active": cfg.sm_active_max})]

@@ -27,7 +27,7 @@ class Config(KindConfig):
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f = job.w.f
-    med_sm = masked_median(f.sm, job.active)
+    med_sm = masked_median(job.activity, job.active)  # gpu_util (an upper bound) without profiling
     with np.errstate(invalid="ignore", divide="ignore"):
         used_share = np.where(job.active & (f.fb_total > 0), f.fb_used_max / f.fb_total, np.nan)
     share_max = np.fmax.reduce(used_share, axis=0) if used_share.shape[0] else np.full(job.w.k, np.nan)
@@ -38,7 +38,8 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     em = episode_mask(det, job.w.k)
     fb = np.where(job.active & em[None, :], f.fb_used_max, np.nan)
     total = np.where(job.active & em[None, :], f.fb_total, np.nan)
-    claim = np.where(job.active, 1.0 - np.minimum(1.0, np.nan_to_num(f.sm) / job.general.target_sm_active), 0.0)
+    claim = np.where(job.active, 1.0 - np.minimum(1.0, np.nan_to_num(job.activity) / job.general.target_sm_active),
+                     0.0)
     return [make_finding(job, KIND, cfg, det, claim, {
         "fb_used_max_gib": r3(np.nanmax(fb) / 2**30, 2), "fb_total_gib": r3(np.nanmax(total) / 2**30, 1),
         "fb_used_share": r3(np.nanmax(share_max[em])), "sm_active": job.stats(f.sm, em),

@@ -22,7 +22,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     g = job.n_gpus
     if g < 2:
         return []
-    idle_share = share(job.idle, job.w.valid)
+    idle_share = share(job.idle, job.judged)
     det = job.episodes(job.valid_k & (job.n_active > 0) & (idle_share >= cfg.min_idle_share), cfg)
     if not det:
         return []

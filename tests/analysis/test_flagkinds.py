@@ -5,6 +5,7 @@ a registry entry, a detector module, its thresholds section and its tests)."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,13 @@ CROSS_REFERENCES = {
                  "alerts/store.py": "reads the open faults for that inhibition"},
     "straggler": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
     "comm_bound": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
+    "oversized_allocation": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
     "input_stall": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
                     "alerts/render.py": "the sample message of `gpufleet alerts test`"},
     "memory_underuse": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
     "throttled": {"api/queries/nodes.py": "a homonym: the node page's throttled-minutes column, not the flag"},
-    "idle_gpu": {"alerts/render.py": "the sample message of `gpufleet alerts test`"},
+    "idle_gpu": {"alerts/render.py": "the sample message of `gpufleet alerts test`",
+                 "analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
     "hung": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
     "pipeline_imbalance": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
                            "analysis/detectors/straggler.py": "a deviant without a hardware signature is one"},
@@ -42,12 +45,19 @@ CROSS_REFERENCES = {
 
 
 def _product_files() -> list[tuple[str, str]]:
+    """Product source files git tracks (a colleague's uncommitted work in the same tree is not
+    judged until it is committed); every file under the product folders without git."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "--", *PRODUCT], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.split()
+        paths = [REPO / p for p in listed]
+    except (OSError, subprocess.CalledProcessError):
+        paths = [p for top in PRODUCT for p in sorted((REPO / top).rglob("*"))]
     out = []
-    for top in PRODUCT:
-        for p in sorted((REPO / top).rglob("*")):
-            rel = p.relative_to(REPO).as_posix()
-            if p.is_file() and p.suffix in SOURCE_SUFFIXES and "__pycache__" not in rel:
-                out.append((rel, p.read_text(errors="replace")))
+    for p in paths:
+        rel = p.relative_to(REPO).as_posix()
+        if p.is_file() and p.suffix in SOURCE_SUFFIXES and "__pycache__" not in rel:
+            out.append((rel, p.read_text(errors="replace")))
     return out
 
 

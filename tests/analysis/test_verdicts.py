@@ -1,0 +1,141 @@
+"""Verdicts that hold on real fleets (issue 13): unknown is not zero, hangs are told from
+checkpoints, memory-bound and FP64 work keeps its tensor cores unflagged, memory is judged
+against the device's own size, low duty is seen at any sampling interval."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from .verdict_data import GIB, healthy_training, kinds, run
+
+
+def util_only(util: float, power: float):  # type: ignore[no-untyped-def]
+    """Imported history or an old driver: NVML utilisation, power and memory, no profiling."""
+    return lambda t, g: {"gpu_util": util, "power_w": power, "fb_used_bytes": 30 * GIB, "fb_total_bytes": 80 * GIB}
+
+
+@pytest.mark.parametrize("interval", [1.0, 60.0])
+def test_busy_gpus_without_profiling_are_not_idle(interval: float) -> None:
+    res = run(8, 90, interval, util_only(1.0, 550.0))
+    assert res.findings == []
+    assert res.goodput_score is not None and res.goodput_score > 0.9
+    assert any("profiling metrics missing on 8/8 GPUs: judged from gpu_util and power" in n
+               for n in res.report["notes"])
+    assert res.report["coverage"]["sm_active"] == 0 and res.report["coverage"]["gpu_util"] == 8
+
+
+@pytest.mark.parametrize("interval", [1.0, 60.0])
+def test_idle_gpus_without_profiling_flag_with_medium_confidence(interval: float) -> None:
+    res = run(2, 90, interval, util_only(0.0, 70.0))
+    (f,) = res.findings
+    assert f.kind == "idle_gpu"
+    assert f.evidence["confidence"] == "medium" and f.evidence["judged_from"][0] == "gpu_util"
+    assert f.evidence["sm_active_max"] is None and f.evidence["gpu_util_max"] == 0.0
+    # the claim never exceeds the time observed, nor the allocation
+    assert f.wasted_gpu_hours <= res.allocated_gpu_hours + 1e-9
+    assert res.wasted_gpu_hours <= res.allocated_gpu_hours + 1e-9
+
+
+def test_no_activity_signal_no_flag() -> None:
+    """Rows with memory only: nothing says whether a kernel ran, so nothing is concluded."""
+    res = run(2, 120, 10.0, lambda t, g: {"fb_used_bytes": 1 * GIB, "fb_total_bytes": 80 * GIB})
+    assert res.findings == [] and res.goodput_score is None
+    assert any("nothing judged" in n for n in res.report["notes"])
+
+
+def hang_after(minute: float, until: float | None = None):  # type: ignore[no-untyped-def]
+    """Training, then from ``minute`` (to ``until``) a collective that never completes: NVML
+    sees a resident kernel, SMs nearly empty, no tensor, DRAM or link traffic."""
+    def fn(t: np.ndarray, g: int) -> dict[str, np.ndarray | float]:
+        d = dict(healthy_training(t, g))
+        stuck = (t >= minute * 60) & (t < (until if until is not None else 1e9) * 60)
+        for k, v in (("sm_active", 0.15), ("tensor_active", 0.0), ("dram_active", 0.002), ("sm_occupancy", 0.02),
+                     ("nvlink_tx_bytes_s", 0.0), ("nvlink_rx_bytes_s", 0.0), ("power_w", 160.0)):
+            d[k] = np.where(stuck, v, np.broadcast_to(d[k], t.shape))
+        return d
+    return fn
+
+
+@pytest.mark.parametrize("interval", [1.0, 10.0, 30.0, 60.0])
+def test_hang_raised_within_15_minutes(interval: float) -> None:
+    for start in (37.0, 40.5):  # any alignment with the 5-minute windows
+        res = run(8, 240, interval, hang_after(start), until_min=start + 15, running=True)
+        assert "hung" in kinds(res), (interval, start, kinds(res))
+        assert "low_sm_activity" not in kinds(res)
+        (f,) = [f for f in res.findings if f.kind == "hung"]
+        assert f.ongoing and f.evidence["gpu_util"] >= 0.9 and f.evidence["confidence"] == "high"
+        assert "py-spy" in f.suggestion
+    res = run(8, 240, interval, hang_after(40.0))
+    (f,) = [f for f in res.findings if f.kind == "hung"]
+    assert f.severity == "critical" and f.evidence["hung_minutes"] >= 190
+    assert kinds(res) == {"hung"}
+
+
+@pytest.mark.parametrize("start", [30.0, 32.5, 34.0])
+def test_ten_minute_checkpoint_is_not_a_hang(start: float) -> None:
+    res = run(8, 120, 1.0, hang_after(start, until=start + 10))
+    assert res.findings == []
+
+
+def test_hang_needs_profiling_metrics() -> None:
+    """Utilisation pinned at 100% with no profiling metrics is full use as far as anyone can tell."""
+    assert run(8, 120, 10.0, util_only(1.0, 160.0)).findings == []
+
+
+def compute(**over: float):  # type: ignore[no-untyped-def]
+    def fn(t: np.ndarray, g: int) -> dict[str, np.ndarray | float]:
+        d = dict(healthy_training(t, g))
+        d.update(over)
+        return d
+    return fn
+
+
+def test_tensor_cores_only_where_they_would_help() -> None:
+    # FP32 GEMMs, compute-bound: the flag is right.
+    assert "no_tensor_cores" in kinds(run(2, 60, 1.0, compute(tensor_active=0.0, fp32_active=0.6, dram_active=0.3)))
+    # Memory-bound (DRAM ~85%, no matrix math): tensor cores would not help.
+    assert kinds(run(2, 60, 1.0, compute(tensor_active=0.0, fp32_active=0.2, dram_active=0.85))) == set()
+    # Sparse FP64 solver: FP64 pipes at 5-8%.
+    assert kinds(run(2, 60, 1.0, compute(tensor_active=0.0, fp32_active=0.1, fp64_active=0.06,
+                                         dram_active=0.45))) == set()
+
+
+def test_memory_judged_against_the_devices_total() -> None:
+    small = {"sm_active": 0.12, "tensor_active": 0.03, "gpu_util": 0.6, "dram_active": 0.1}
+    # A MIG 1g.10gb slice using 8 of 9.8 GiB: well used memory, not "move to a MIG slice".
+    mig = run(1, 60, 1.0, compute(fb_used_bytes=8 * GIB, fb_total_bytes=9.8 * GIB, **small), model="NVIDIA H100 80GB "
+              "HBM3 MIG 1g.10gb")
+    assert "memory_underuse" not in kinds(mig)
+    # The same 8 GiB on a whole 80 GB H100 is a tiny workload on a big GPU.
+    assert "memory_underuse" in kinds(run(1, 60, 1.0, compute(fb_used_bytes=8 * GIB, **small)))
+
+
+@pytest.mark.parametrize("interval", [1.0, 15.0, 30.0, 60.0])
+def test_bursty_low_duty_seen_at_any_interval(interval: float) -> None:
+    """~10% SM on average, in bursts: sampled every 15 s the old rule saw nothing."""
+    def fn(t: np.ndarray, g: int) -> dict[str, np.ndarray | float]:
+        d = dict(healthy_training(t, g))
+        burst = (np.floor(t / 40.0) % 5) == 0  # 8 s of every 40 s busy
+        d["sm_active"] = np.where(burst, 0.5, 0.0)
+        d["tensor_active"] = np.where(burst, 0.2, 0.0)
+        d["gpu_util"] = np.where(burst, 1.0, 0.0)
+        return d
+    got = kinds(run(2, 90, interval, fn))
+    assert got & {"low_sm_activity", "input_stall"}, got
+
+
+def test_low_confidence_flags_never_page() -> None:
+    from gpufleet.alerts.config import AlertConfig
+    from gpufleet.alerts.decide import alerting_kinds
+    from gpufleet.alerts.facts import FlagFact, JobFacts
+
+    def facts(conf: str) -> JobFacts:
+        return JobFacts(job_pk=1, cluster="c", job_id="1", user="u", name="n", account="a", partition="p",
+                        state="running", start_ts=0.0, n_gpus=8, nodes=("n1",), gpu_models=("H100",),
+                        goodput_score=0.1, allocated_gpu_hours=80.0, wasted_gpu_hours_total=40.0,
+                        flags=(FlagFact("idle_gpu", "", "critical", 40.0, {"confidence": conf}, "s"),))
+
+    cfg = AlertConfig(default_webhook="http://x")
+    assert set(alerting_kinds(facts("medium"), cfg, now=36000.0)) == {"idle_gpu"}
+    assert alerting_kinds(facts("low"), cfg, now=36000.0) == {}
