@@ -56,7 +56,7 @@ def _weighted_mean(x: np.ndarray, n: np.ndarray) -> float | None:
 
 def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *,
             th: Thresholds | None = None, events: list[tuple[float, int | None, str, int | None]] | None = None,
-            first_ts: float | None = None, last_ts: float | None = None) -> JobAnalysis:
+            first_ts: float | None = None, last_ts: float | None = None, fabric: Any = None) -> JobAnalysis:
     """The report and findings for one job. ``first_ts``/``last_ts``: its first and last
     sample (default: the edges of the minutes with data)."""
     th = th or load_thresholds()
@@ -77,7 +77,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     job: JobView | None = None
     if feats.n.size and feats.n.sum() > 0:
         w = build_windows(feats, th.general.window_s, th.general.min_window_coverage)
-        job = JobView(w, CounterMinutes.of(feats), MinuteSignals.of(feats), ctx, th, events or [])
+        job = JobView(w, CounterMinutes.of(feats), MinuteSignals.of(feats), ctx, th, events or [], fabric=fabric)
         findings = run_detectors(job)
     # Ended jobs: nothing is going on any more.
     for fd in findings:

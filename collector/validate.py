@@ -13,6 +13,7 @@ import numpy as np
 
 from gpufleet.collector.errors import BatchRejected, reject
 from gpufleet.protocol import Batch, GpuInfo, JobInfo
+from gpufleet.storage.collectives import FabricRejected, check_fabric
 from gpufleet.storage.prepared import Prepared
 
 INT32 = 2**31 - 1
@@ -91,6 +92,11 @@ def check_batch(batch: Batch, prep: Prepared, now: float, *, max_rows: int, max_
         _str("events", "gpu_uuid", e.gpu_uuid, 96, row=i)
         _int("events", "code", e.code, -INT32, INT32, row=i)
         _str("events", "message", e.message, 4096, row=i)
+    if batch.collectives or batch.nics or batch.gpu_nics:  # NCCL collectives and the fabric (docs/nccl.md)
+        try:
+            check_fabric(batch)
+        except FabricRejected as e:
+            raise reject(e.part, e.message, field=e.field or None, row=e.row) from None
     if prep.n:
         _check_ts(prep.ts, lo, hi)
         _check_strings("gpu", prep.gpu, 96, required=True)

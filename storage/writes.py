@@ -26,6 +26,7 @@ import numpy as np
 from sqlalchemy import Connection
 
 from gpufleet.storage import retention
+from gpufleet.storage.collectives import write_fabric
 from gpufleet.storage.dimensions import cluster_ids, gpu_ids, job_ids, mark_nodes_seen, node_ids, referenced_jobs
 from gpufleet.storage.events import write_events
 from gpufleet.storage.fields import NF
@@ -73,7 +74,7 @@ class WriteContext:
 # batch's index to refuse one). To store a new section: a storage module with such a
 # function and its entry here; nothing else in the write path changes.
 SectionWriter = Callable[[WriteContext], None]
-SECTION_WRITERS: tuple[SectionWriter, ...] = (write_events, write_progress_section)
+SECTION_WRITERS: tuple[SectionWriter, ...] = (write_events, write_progress_section, write_fabric)
 
 
 def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cache: WriteCache | None = None,

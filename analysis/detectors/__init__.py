@@ -27,6 +27,7 @@ from . import (
     straggler,
     throttled,
 )
+from . import collective_slow, link_errors, network_degraded  # fabric: docs/nccl.md
 from .base import DetectorSpec, Finding, Found, JobContext, JobView
 
 
@@ -36,7 +37,7 @@ def _spec(module: Any) -> DetectorSpec[Any]:
 
 DETECTORS: tuple[DetectorSpec[Any], ...] = tuple(_spec(m) for m in (
     idle_gpu, oversized_allocation, hung, comm_bound, input_stall, memory_underuse, straggler, throttled,
-    no_tensor_cores, low_sm_activity, hw_fault,
+    no_tensor_cores, low_sm_activity, hw_fault, collective_slow, network_degraded, link_errors,
 ))
 
 

@@ -156,6 +156,7 @@ class JobView:
     ctx: JobContext
     th: Thresholds
     events: list[EventRow]
+    fabric: Any = None  # analysis.collectives.features.FabricView: NCCL collectives and NICs (docs/nccl.md)
     general: General = field(init=False)
     window_s: float = field(init=False)
     coverage: Coverage = field(init=False)

@@ -258,6 +258,12 @@ class NodeSysfs:
     traffic_gbs: float = 20.0  # average per-NIC payload while training
     counters: dict[tuple[int, str], int] = field(default_factory=dict)
     last_t: float | None = None
+    _written: dict[Path, str] = field(default_factory=dict, repr=False)
+
+    def _put(self, path: Path, text: str) -> None:
+        if self._written.get(path) != text:  # a file that did not change is not rewritten (speed)
+            path.write_text(text)
+            self._written[path] = text
 
     def port(self, rail: int) -> Path:
         return self.root / "class" / "infiniband" / f"mlx5_{rail}" / "ports" / "1"
@@ -281,23 +287,23 @@ class NodeSysfs:
             for name in IB_COUNTERS:
                 if name != "port_xmit_wait":
                     c.setdefault((rail, name), 0)
-            (p / "counters_ext" / "port_xmit_data_64").write_text(f"{c[rail, 'tx']}\n")
-            (p / "counters_ext" / "port_rcv_data_64").write_text(f"{c[rail, 'rx']}\n")
-            (p / "counters" / "port_xmit_data").write_text(f"{c[rail, 'tx'] & 0xFFFFFFFF}\n")
-            (p / "counters" / "port_rcv_data").write_text(f"{c[rail, 'rx'] & 0xFFFFFFFF}\n")
+            self._put(p / "counters_ext" / "port_xmit_data_64", f"{c[rail, 'tx']}\n")
+            self._put(p / "counters_ext" / "port_rcv_data_64", f"{c[rail, 'rx']}\n")
+            self._put(p / "counters" / "port_xmit_data", f"{c[rail, 'tx'] & 0xFFFFFFFF}\n")
+            self._put(p / "counters" / "port_rcv_data", f"{c[rail, 'rx'] & 0xFFFFFFFF}\n")
             for name in IB_COUNTERS:
-                (p / "counters" / name).write_text(f"{c[rail, name]}\n")
+                self._put(p / "counters" / name, f"{c[rail, name]}\n")
             speed = "NDR" if rate >= 400 else "HDR" if rate >= 200 else "EDR"
-            (p / "rate").write_text(f"{rate:g} Gb/sec (4X {speed})\n")
-            (p / "state").write_text("4: ACTIVE\n")
-            (p / "phys_state").write_text("5: LinkUp\n")
-            (p / "link_layer").write_text(f"{self.link_layer}\n")
+            self._put(p / "rate", f"{rate:g} Gb/sec (4X {speed})\n")
+            self._put(p / "state", "4: ACTIVE\n")
+            self._put(p / "phys_state", "5: LinkUp\n")
+            self._put(p / "link_layer", f"{self.link_layer}\n")
             if self.link_layer == "Ethernet":
                 (p / "hw_counters").mkdir(exist_ok=True)
                 for name in ROCE_HW_COUNTERS:
                     grow = int(dt * (500 if degraded and name in ("np_cnp_sent", "rp_cnp_handled") else 0))
                     c[rail, name] = c.get((rail, name), 0) + grow
-                    (p / "hw_counters" / name).write_text(f"{c[rail, name]}\n")
+                    self._put(p / "hw_counters" / name, f"{c[rail, name]}\n")
 
     def bump(self, rail: int, name: str, by: int) -> None:
         self.counters[rail, name] = self.counters.get((rail, name), 0) + by

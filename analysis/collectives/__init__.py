@@ -1,0 +1,1 @@
+"""Collectives and the network fabric per job (pure): features, slow episodes, localisation."""
