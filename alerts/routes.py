@@ -24,7 +24,8 @@ def require(role: str) -> Any:
 
         settings = request.app.state.settings
         try:
-            return authorize(request.app.state.engine, authorization, role, settings.auth.allow_anonymous)
+            return authorize(request.app.state.engine, authorization, role, settings.auth.allow_anonymous,
+                             request.scope.get("gpufleet.identity"))  # signed-in session or SSO (api.auth)
         except AuthError as e:
             status = getattr(e, "status", 401)
             raise HTTPException(status, getattr(e, "detail", str(e)),

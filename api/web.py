@@ -58,6 +58,7 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <header><a class="brand" href="/">gpufleet</a><nav>{nav}</nav><span id="status" class="muted"></span></header>
 <main id="app" data-config="{html.escape(json.dumps(cfg), quote=True)}"><p class="muted">Loading…</p></main>
 <script src="/static/uplot/{_uplot_js()}"></script>
+<script src="/static/auth/session.js?v={__version__}"></script>
 <script src="/static/app.js?v={__version__}"></script>
 </body></html>"""
     return HTMLResponse(body, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
