@@ -10,6 +10,9 @@ from urllib.parse import quote, urlencode
 import msgspec
 from fastapi import APIRouter, Header, HTTPException, Query, Response
 
+from gpufleet.analysis.progress.load import goodput_view
+from gpufleet.flagkinds import FLAG_KINDS
+
 from .deps import SettingsDep
 from .metrics import TimedRoute
 from .queries.common import DEFAULT_CLUSTER, now, parse_time
@@ -21,8 +24,8 @@ from .schemas import JobPublic, JobsPublic, Message, TimeseriesPublic
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], route_class=TimedRoute,
                    responses={400: {"model": Message, "description": "an argument is invalid (detail says which)"}})
 
-FlagKind = Literal["idle_gpu", "low_sm_activity", "no_tensor_cores", "input_stall", "comm_bound", "straggler",
-                   "memory_underuse", "throttled", "oversized_allocation", "hw_fault"]
+# The OpenAPI enum of flag kinds, from the registry (gpufleet/flagkinds.toml), never a copy.
+FlagKind = Literal[FLAG_KINDS]  # type: ignore[valid-type]  # built from data at import
 TimeQ = Annotated[str | None, Query(max_length=64, pattern=SAFE,
                                     description="epoch seconds, ISO-8601 (UTC if naive) or a past offset like -24h")]
 FIELDS_DOC = "comma-separated catalog fields (default: sm_active,tensor_active,dram_active,power_w,sm_clock_mhz)"
@@ -116,6 +119,7 @@ def read_job(job_id: JobIdPath, session: SessionDep, settings: SettingsDep,
     if found is None:
         raise HTTPException(404, f"no job {job_id!r} in cluster {cluster!r}")
     detail = job_detail(session, *found)
+    detail["goodput"] = goodput_view(session, found[0].id, now())  # docs/progress.md
     wants_csv = format == "csv" or (format is None and accept is not None and "text/csv" in accept
                                     and "application/json" not in accept)
     if wants_csv:
