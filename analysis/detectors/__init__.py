@@ -15,19 +15,21 @@ import numpy as np
 from ..config import Thresholds
 from ..features import MinuteFeatures, minute_features
 from . import (
+    collective_slow,
     comm_bound,
     hung,
     hw_fault,
     idle_gpu,
     input_stall,
+    link_errors,
     low_sm_activity,
     memory_underuse,
+    network_degraded,
     no_tensor_cores,
     oversized_allocation,
     straggler,
     throttled,
 )
-from . import collective_slow, link_errors, network_degraded  # fabric: docs/nccl.md
 from .base import DetectorSpec, Finding, Found, JobContext, JobView
 
 
