@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
+from gpufleet.analysis.progress.load import fleet_goodput
 from gpufleet.catalog import CATALOG
 from gpufleet.flagkinds import SEVERITIES, flag_kinds
 
@@ -29,7 +30,8 @@ def read_fleet_summary(session: SessionDep, request: Request, cluster: ClusterFi
     cache = getattr(request.app.state, "api_fleet_cache", None)
     if cache is None:
         cache = request.app.state.api_fleet_cache = TTLCache(ttl_s=60.0)
-    return fleet_summary(session, window_s=parse_duration(window), cluster=cluster, cache=cache)
+    out = fleet_summary(session, window_s=parse_duration(window), cluster=cluster, cache=cache)
+    return {**out, "goodput": fleet_goodput(session, out["start"], out["end"])}  # docs/progress.md
 
 
 @router.get("/flags", response_model=FlagsPublic, summary="Goodput flags, most wasteful first")

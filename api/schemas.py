@@ -126,6 +126,8 @@ class JobPublic(JobMeta):
     per_gpu: list[PerGpu]
     flags: list[FlagPublic]
     links: dict[str, str]
+    goodput: dict[str, Any] | None = Field(None, description="ETTR and badput by cause from the job's own "
+                                             "progress (source: progress), or source: hardware (docs/progress.md)")
 
 
 class FieldInfo(BaseModel):
@@ -239,6 +241,8 @@ class FleetSummary(BaseModel):
     open_flags: dict[str, int]
     top_jobs: list[dict[str, Any]]
     top_users: list[dict[str, Any]]
+    goodput: dict[str, Any] | None = Field(None, description="fleet ETTR and badput by cause over the jobs "
+                                             "that report progress (docs/progress.md)")
 
 
 class Message(BaseModel):
