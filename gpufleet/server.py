@@ -32,11 +32,13 @@ def _parts() -> list[ModuleType]:
     from gpufleet.alerts import routes as alert_routes
     from gpufleet.api import routes as api_routes
     from gpufleet.api import web
+    from gpufleet.api.auth import routes as auth_routes
     from gpufleet.collector import routes as collector_routes
+    from gpufleet.collector.export import routes as export_routes
     from gpufleet.collector.remote_write import routes as remote_write_routes
 
-    # remote write after the API: its lifespan adds counters to the API's /metrics registry
-    return [collector_routes, api_routes, alert_routes, web, remote_write_routes]
+    # remote write and export after the API: their lifespans add counters to its /metrics registry
+    return [collector_routes, api_routes, alert_routes, web, remote_write_routes, export_routes, auth_routes]
 
 
 def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifespan] | None = None) -> FastAPI:
@@ -66,6 +68,13 @@ def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifesp
     app.state.engine = make_engine(url)
     for part in parts:
         app.include_router(part.router)
+    from gpufleet.api.auth.middleware import WebGuard
+    from gpufleet.api.validation_errors import install as install_validation_errors
+
+    install_validation_errors(app)  # a 422 that echoes hostile input must not become a 500
+    # Host/Origin checks, session or SSO identity, CSRF (api/auth); serving_app puts the same
+    # guard ahead of the ingest front too, and it runs once per request.
+    app.add_middleware(WebGuard, state_app=app)
     return app
 
 
@@ -73,9 +82,15 @@ def serving_app(settings: Settings | None = None, *, extra_lifespans: list[Lifes
     """What a server process (``gpufleet serve``, ``gpufleet up``) hands to uvicorn: ``create_app``
     behind the ingest front. Lifespan, the API, the web UI and non-POST ingest requests reach the
     FastAPI app unchanged."""
+    from gpufleet.api.auth.middleware import WebGuard
+    from gpufleet.api.http_timeouts import BodyTimeout
     from gpufleet.collector.front import IngestFront
 
-    return IngestFront(create_app(settings, extra_lifespans=extra_lifespans))
+    app = create_app(settings, extra_lifespans=extra_lifespans)
+    # Outermost: a stalled request body gets 408 before any part waits on it (slowloris); then
+    # the Host/Origin guard, for the ingest front's requests as well.
+    return BodyTimeout(WebGuard(IngestFront(app), state_app=app))  # type: ignore[return-value]
+
 
 def server_process_app(settings: Settings) -> IngestFront:
     """``serving_app`` for a process that does nothing else (a ``serve`` worker): also applies
