@@ -50,7 +50,9 @@ def notebook_left_open(rng: np.random.Generator, seed: int) -> list[JobSpec]:
           why="A script without DDP asks for 8 GPUs and trains on GPU 0 only; the other 7 hold a CUDA context at 0%: "
           "an oversized allocation (JDS: multi-GPU job using one GPU).")
 def one_of_eight_used(rng: np.random.Generator, seed: int) -> list[JobSpec]:
-    """Job Defense Shield's "multi-GPU job uses only one GPU" rule targets exactly this."""
+    """Job Defense Shield's "multi-GPU job uses only one GPU" rule targets exactly this: a
+    single-process script started with --gres=gpu:8 opens a CUDA context on every visible GPU
+    (~0.5 GiB each) and computes on cuda:0 only."""
     d = 7200
     sl = slots(f"oneof8-{seed}", H100, 8)
     tr = truths(rng, sl, d)
@@ -173,7 +175,9 @@ def comm_bound_multinode(rng: np.random.Generator, seed: int) -> list[JobSpec]:
           why="A BERT-base inference batch job on a full 80 GB H100 uses 3-6 GB and SM 0.06-0.15: it would fit a MIG "
           "1g.10gb slice (JDS: util < 20% and <= 10 GB -> MIG or smaller GPU).")
 def tiny_model_big_gpu(rng: np.random.Generator, seed: int) -> list[JobSpec]:
-    """Job Defense Shield's 'too much GPU' rule; memory judged against the device's 80 GB."""
+    """Job Defense Shield's 'too much GPU' rule (utilisation < 20% and <= 10 GB of GPU memory,
+    suggest MIG or a smaller GPU); memory judged against the device's 80 GB, unlike the MIG
+    scenario where 8 GiB is nearly all of the device."""
     d = 7200
     sl = slots(f"tiny-{seed}", H100, 1)
     tr = truths(rng, sl, d)
