@@ -134,12 +134,11 @@ def throttled_hot_aisle(rng: np.random.Generator, seed: int) -> list[JobSpec]:
     0x20 (SW thermal) and 0x40 (HW thermal) while the die is above its slowdown temperature."""
     d = 7200
     sl, tr, _ph = _healthy_run(rng, f"hot-{seed}", 8, d)
-    onset = float(rng.uniform(300, 900))
-    f = float(rng.uniform(0.6, 0.8))
+    # Inlet air at ~45 C and degraded airflow: the dies settle at 90-97 C and the driver's
+    # thermal slowdown (0x20, 0x40 above the HW limit) takes the clocks down to 60-80%.
     for g in tr:
-        g.slow(onset, d, f, 0x20 | (0x40 if rng.random() < 0.5 else 0))
-        g.ambient_c = 45.0
-        g.cooling = 1.5
+        g.ambient_c = float(rng.uniform(44.0, 47.0))
+        g.cooling = float(rng.uniform(1.4, 1.6))
     meta = slurm("llm-node-hot", user=str(rng.choice(USERS)), ntasks=8)
     return [job(stable_id("hot", seed), meta, d, sl, tr, expect(["throttled"]), "thermal throttling")]
 
