@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport, Node
 
+from .collectives.load import load_fabric
 from .config import Thresholds, load_thresholds
 from .detectors import features_for
 from .features import RAW_FIELDS, MinuteFeatures, add_histograms, histograms
@@ -234,7 +235,9 @@ def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache:
         if st.first_ts is None:
             return  # no samples yet
         events = _events(conn, {p: i for i, p in enumerate(st.gpu_pks)}, st.first_ts, st.last_ts or st.first_ts)
-        res = analyze(meta, st.feats, st.hist(), th=th, events=events, first_ts=st.first_ts, last_ts=st.last_ts)
+        fabric = load_fabric(conn, job_pk)  # NCCL collectives and NICs (docs/nccl.md)
+        res = analyze(meta, st.feats, st.hist(), th=th, events=events, first_ts=st.first_ts, last_ts=st.last_ts,
+                      fabric=fabric)
         s.jobs_analyzed += 1
         analyzed_until = float(st.last_ts or 0.0)
         if not running and job["end_ts"] is not None:

@@ -1,0 +1,94 @@
+"""The scenario through storage and the analysis runner, on SQLite and PostgreSQL: the agents'
+sections in protocol batches -> check_batch -> write_batches -> run_analysis -> flags and
+GET /api/v1/jobs/{id}/collectives."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from gpufleet.analysis.runner import run_analysis
+from gpufleet.collector.columns import prepare
+from gpufleet.collector.errors import BatchRejected
+from gpufleet.collector.validate import check_batch
+from gpufleet.protocol import AgentInfo, Allocation, Batch, GpuInfo, JobInfo
+from gpufleet.storage.models import Flag, Job
+from gpufleet.storage.writes import write_batches
+
+from .scenario import T0, NodeOutput, gpu_uuid, make_job, run_agents
+
+JOB = "7001"
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="gpufleet-nccl-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def faulty() -> Iterator[list[NodeOutput]]:
+    with _scratch() as d:
+        yield run_agents(make_job(fault=True), d)
+
+
+def batches(outs: list[NodeOutput], chunk_s: float = 60.0, end: float = T0 + 1800) -> list[Batch]:
+    """One batch per node and minute: GPU samples every 10 s (so the job has GPU time to analyse)
+    plus the sections the agent handed out in that minute."""
+    out = []
+    seq = 0
+    t = T0
+    while t < end:
+        for o in outs:
+            gpus = [GpuInfo(index=i, uuid=gpu_uuid(o.node, i), model="NVIDIA H100 80GB HBM3") for i in range(8)]
+            ts = [t + k * 10.0 for k in range(int(chunk_s / 10)) for _ in range(8)]
+            g = [gpu_uuid(o.node, i) for _ in range(int(chunk_s / 10)) for i in range(8)]
+            samples: dict[str, list[Any]] = {"ts": ts, "gpu": g, "job": [JOB] * len(ts),
+                                             "sm_active": [0.7] * len(ts), "gpu_util": [0.95] * len(ts)}
+            out.append(Batch(
+                agent=AgentInfo(boot_id=f"boot-{o.node}", seq=seq, node=o.node), gpus=gpus,
+                jobs=[JobInfo(job_id=JOB, source="slurm", num_nodes=4, start_ts=T0)],
+                allocations=[Allocation(gpu_uuid=x.uuid, job_id=JOB, since=T0) for x in gpus], samples=samples,
+                collectives=[c for c in o.collectives if t <= c.ts < t + chunk_s],
+                nics=[n for n in o.nics if t <= n.ts < t + chunk_s],
+                gpu_nics=o.gpu_nics if seq == 0 else []))
+        seq += 1
+        t += chunk_s
+    return out
+
+
+def test_flags_name_the_node_and_nic_through_storage(engine: Any, faulty: list[NodeOutput]) -> None:
+    bs = batches(faulty, end=T0 + 25 * 60)
+    with engine.begin() as conn:
+        for b in bs:
+            check_batch(b, prepare(b), T0 + 1800, max_rows=100_000, max_age_s=None, max_future_s=3600)
+        write_batches(conn, [prepare(b) for b in bs], T0 + 25 * 60)
+    run_analysis(engine, now=T0 + 25 * 60)
+    with engine.connect() as c:
+        job_pk = c.execute(select(Job.id).where(Job.job_id == JOB)).scalar_one()
+        ft = Flag.__table__
+        flags = {(f["kind"], f["scope"]): f for f in c.execute(select(ft).where(ft.c.job_pk == job_pk)).mappings()}
+    assert ("collective_slow", "") in flags
+    net = flags[("network_degraded", "gpu-02")]
+    assert net["evidence"]["nic"] == "mlx5_5/1" and net["evidence"]["rank"] == 21 and net["open"]
+    assert not any(k == "link_errors" for k, _ in flags)
+
+
+def test_a_bad_section_is_refused_before_anything_is_written(faulty: list[NodeOutput]) -> None:
+    b = batches(faulty, end=T0 + 60)[0]
+    bad = b.collectives[3]
+    bad.exec_us_p95 = -1.0
+    with pytest.raises(BatchRejected) as e:
+        check_batch(b, prepare(b), T0 + 60, max_rows=100_000, max_age_s=None, max_future_s=3600)
+    r = e.value.rejection
+    assert (r.status, r.part, r.row, r.field) == (422, "collectives", 3, "exec_us_p95")
