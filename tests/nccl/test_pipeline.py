@@ -92,3 +92,40 @@ def test_a_bad_section_is_refused_before_anything_is_written(faulty: list[NodeOu
         check_batch(b, prepare(b), T0 + 60, max_rows=100_000, max_age_s=None, max_future_s=3600)
     r = e.value.rejection
     assert (r.status, r.part, r.row, r.field) == (422, "collectives", 3, "exec_us_p95")
+
+
+def test_ingest_over_http_then_the_collectives_api(sqlite_url: str, live_server: Any,
+                                                   faulty: list[NodeOutput]) -> None:
+    """The real collector (msgpack + zstd, as agents send) stores the sections once; the API
+    serves series, the rank x time heatmap with the degraded rank marked, and the NICs."""
+    import httpx
+
+    from gpufleet.protocol import encode
+    from gpufleet.storage.tokens import create_token
+
+    srv = live_server(sqlite_url, collector__max_age_s=3650 * 86400.0)  # the scenario is dated 2025
+    engine = srv.app.state.engine
+    tokens = {o.node: create_token(engine, o.node, "agent", node=o.node) for o in faulty}
+    bs = batches(faulty, end=T0 + 25 * 60)
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for b in bs + bs[:4]:  # the first four sent twice (lost acknowledgements)
+            body, headers = encode(b)
+            r = c.post("/api/v1/ingest", content=body,
+                       headers={**headers, "Authorization": f"Bearer {tokens[b.agent.node]}"})
+            assert r.status_code == 200, r.text
+        run_analysis(engine, now=T0 + 25 * 60)
+        r = c.get(f"/api/v1/jobs/{JOB}/collectives")
+    assert r.status_code == 200, r.text
+    d = r.json()
+    sent = sum(c.count for o in faulty for c in o.collectives if c.ts < T0 + 25 * 60)
+    assert sum(s["count"] for s in d["series"]) == sent, "every collective stored once"
+    top = d["series"][0]
+    assert top["collective"] == "AllReduce" and top["n_nodes"] == 4 and top["baseline_gbs"] > 0
+    assert d["ranks_of"]["comm"] == top["comm"] and len(d["ranks"]) == 32
+    marked = [r for r in d["ranks"] if r["degraded"]]
+    assert [(r["node"], r["rank"], r["nic"]) for r in marked] == [("gpu-02", 21, "mlx5_5/1")]
+    nic = next(n for n in d["nics"] if (n["node"], n["nic"]) == ("gpu-02", "mlx5_5/1"))
+    assert nic["rate_gbps"][0] == 400.0 and nic["rate_gbps"][-1] == 200.0 and nic["gpus"] == ["GPU-gpu-02-5"]
+    assert {f["kind"] for f in d["flags"]} >= {"collective_slow", "network_degraded"}
+    with httpx.Client(base_url=srv.url) as c:
+        assert c.get("/api/v1/jobs/nope/collectives").status_code == 404
