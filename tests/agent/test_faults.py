@@ -32,6 +32,11 @@ def _produced(agent: Agent) -> int:
     return int(agent.metrics.registry.get_sample_value("gpufleet_agent_samples_total") or 0)
 
 
+def _report(name: str, produced: int, rows: int, distinct: int) -> None:
+    """One row of docs/reliability.md's fault matrix (shown with pytest -s)."""
+    print(f"FAULT {name}: produced={produced} stored={rows} duplicated={rows - distinct}")
+
+
 def _wait_until(pred, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -54,6 +59,7 @@ def test_collector_down_then_back(database_url, collector_process, tmp_path):
     assert len(agent.spool) == 0, "everything spooled was delivered once the collector came back"
     produced = _produced(agent)
     rows, distinct = stored(database_url)
+    _report("collector-down-then-back", produced, rows, distinct)
     assert produced > 0
     assert rows == produced
     assert distinct == rows
@@ -77,6 +83,7 @@ def test_collector_killed_mid_stream(database_url, collector_process, tmp_path):
     assert len(agent.spool) == 0
     produced = _produced(agent)
     rows, distinct = stored(database_url)
+    _report("collector-killed-twice", produced, rows, distinct)
     assert rows == produced
     assert distinct == rows
 
@@ -102,6 +109,7 @@ def test_lost_acknowledgement_counts_once(database_url, collector_process, tmp_p
         dup = agent.metrics.registry.get_sample_value("gpufleet_agent_batches_duplicate_total")
         assert dup == 3, "each retried batch was recognised by its idempotency key"
         rows, distinct = stored(database_url)
+        _report("lost-acks", _produced(agent), rows, distinct)
         assert rows == _produced(agent) == 48
         assert distinct == rows
     finally:
@@ -134,6 +142,7 @@ def test_agent_killed_and_restarted_with_spool(database_url, collector_process, 
         _wait_until(lambda: len(agent.spool) == 0 and _produced(agent) >= 40)
         at.stop()
     rows, distinct = stored(database_url)
+    _report("agent-sigkill-restart", produced_first + _produced(agent), rows, distinct)
     assert rows == produced_first + _produced(agent)
     assert distinct == rows
 
@@ -190,6 +199,7 @@ def test_agent_killed_while_sending(database_url, collector_process, tmp_path):
         _wait_until(lambda: len(agent.spool) == 0 and _produced(agent) >= 20)
         at.stop()
     rows, distinct = stored(database_url)
+    _report("agent-sigkill-while-sending", len(produced_first) + _produced(agent), rows, distinct)
     assert distinct == rows, "no row stored twice"
     assert rows == len(produced_first) + _produced(agent), "nothing the killed agent had persisted was lost"
     assert produced_first <= _db_keys(database_url)
