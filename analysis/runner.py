@@ -28,6 +28,7 @@ from .collectives.load import load_fabric
 from .config import Thresholds, load_thresholds
 from .detectors import features_for
 from .features import RAW_FIELDS, MinuteFeatures, add_histograms, histograms
+from .progress.flags import run_progress_pass
 from .report import JobAnalysis, JobMeta, analyze
 from .state import CACHE, JobState, StateCache
 
@@ -88,6 +89,7 @@ def run_analysis(engine: Engine, *, now: float | None = None, job_pks: list[int]
     th = thresholds or load_thresholds()
     cache = cache if cache is not None else CACHE
     s = AnalysisSummary()
+    job_pks_given = job_pks
     with _RUN_LOCK:
         try:
             s.jobs_closed = _close_stale(engine, now)
@@ -114,6 +116,11 @@ def run_analysis(engine: Engine, *, now: float | None = None, job_pks: list[int]
                     break
             if on_job_done is not None:
                 on_job_done(pk)
+        if job_pks_given is None:  # the periodic pass: the jobs' own progress too (docs/progress.md)
+            pp = run_progress_pass(engine, now)
+            s.errors.extend(pp.errors)
+            s.flags_opened, s.flags_resolved = s.flags_opened + pp.opened, s.flags_resolved + pp.resolved
+            s.job_pks_changed.extend(pk for pk in pp.changed if pk not in s.job_pks_changed)
     s.duration_s = round(time.perf_counter() - t0, 4)
     return s
 
@@ -308,7 +315,8 @@ def _sync_flags(conn: Connection, job_pk: int, res: JobAnalysis, now: float, s: 
         conn.execute(f.update().where(f.c.id == old["id"]).values(**upd))
         changed |= 2
     for k, old in existing.items():
-        if k not in seen and old["open"]:
+        # Progress scopes are the progress pass's (analysis.progress.flags), judged from other data.
+        if k not in seen and old["open"] and not str(old["scope"]).startswith("progress"):
             # No longer supported by the data (e.g. the job recovered): resolve, keep the row.
             conn.execute(f.update().where(f.c.id == old["id"]).values(open=False, resolved_at=now))
             s.flags_resolved += 1

@@ -1,0 +1,103 @@
+"""Progress findings into ``flags`` (the thin database side of ``detect``): one row per (job,
+kind, scope) with scopes ``progress`` / ``progress:rank<N>``, opened, updated and resolved like
+the hardware flags, so the alert rules (Slack) and the web read them the same way. Only kinds
+the registry knows (gpufleet/flagkinds.toml) become flags; the others stay in the job's
+``goodput.findings``. The hardware runner leaves ``progress`` scopes alone."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection, Engine
+
+from gpufleet.flagkinds import FLAG_KINDS, flag_kinds
+from gpufleet.storage.models import Flag
+from gpufleet.storage.progress_models import JobProgress
+
+from .detect import ProgressFinding, ProgressThresholds, detect_all
+from .load import goodput_for_job
+
+log = logging.getLogger(__name__)
+SCOPE = "progress"
+RECENT_S = 3600.0  # jobs whose progress moved in the last hour (and those with open progress flags)
+
+
+@dataclass
+class ProgressPass:
+    jobs: int = 0
+    opened: int = 0
+    resolved: int = 0
+    changed: list[int] = field(default_factory=list)  # jobs whose progress flags changed
+    errors: list[str] = field(default_factory=list)
+
+
+def _wasted_gpu_hours(f: ProgressFinding, ranks: int) -> float:
+    if not f.evidence.get("stuck_ranks"):  # only a hang wastes all of the ranks' time; the rest is in goodput
+        return 0.0
+    return round(max(0.0, f.end_ts - f.start_ts) * ranks / 3600.0, 4)
+
+
+def sync_job(conn: Connection, job_pk: int, now: float, th: ProgressThresholds | None = None) -> tuple[int, int]:
+    """Open/update/resolve the job's progress flags; returns (opened, resolved)."""
+    g, ws = goodput_for_job(conn, job_pk, now)
+    found = detect_all(ws, g, now, th) if g is not None else []
+    reg = flag_kinds()
+    t = Flag.__table__
+    existing = {(r["kind"], r["scope"]): r for r in conn.execute(
+        select(t).where(t.c.job_pk == job_pk, t.c.scope.like(f"{SCOPE}%"))).mappings()}
+    opened = resolved = 0
+    seen = set()
+    for f in found:
+        if f.kind not in FLAG_KINDS:
+            continue
+        key = (f.kind, f.scope)
+        seen.add(key)
+        values = {"severity": f.severity, "start_ts": f.start_ts, "end_ts": f.end_ts,
+                  "wasted_gpu_hours": _wasted_gpu_hours(f, g.ranks if g else 1), "evidence": f.evidence,
+                  "suggestion": reg.get(f.kind).suggestion, "open": f.ongoing}
+        old = existing.get(key)
+        if old is None:
+            conn.execute(t.insert().values(job_pk=job_pk, kind=f.kind, scope=f.scope, opened_at=now,
+                                           resolved_at=None if f.ongoing else now, **values))
+            opened += 1
+        else:
+            upd = dict(values)
+            if old["open"] and not f.ongoing:
+                upd["resolved_at"] = now
+                resolved += 1
+            elif not old["open"] and f.ongoing:
+                upd["opened_at"], upd["resolved_at"] = now, None
+                opened += 1
+            conn.execute(t.update().where(t.c.id == old["id"]).values(**upd))
+    for key, old in existing.items():
+        if key not in seen and old["open"]:
+            conn.execute(t.update().where(t.c.id == old["id"]).values(open=False, resolved_at=now))
+            resolved += 1
+    return opened, resolved
+
+
+def run_progress_pass(engine: Engine, now: float, th: ProgressThresholds | None = None) -> ProgressPass:
+    """Every job with recent progress or an open progress flag (one transaction per job)."""
+    s = ProgressPass()
+    p, f = JobProgress.__table__, Flag.__table__
+    with engine.connect() as conn:
+        recent = set(conn.execute(select(p.c.job_pk).where(p.c.end_ts >= now - RECENT_S).group_by(p.c.job_pk))
+                     .scalars())
+        flagged = set(conn.execute(select(f.c.job_pk).where(f.c.open.is_(True), f.c.scope.like(f"{SCOPE}%"))
+                                   .group_by(f.c.job_pk)).scalars())
+    for pk in sorted(recent | flagged):
+        try:
+            with engine.begin() as conn:
+                o, r = sync_job(conn, pk, now, th)
+            s.jobs += 1
+            s.opened += o
+            s.resolved += r
+            if o or r:
+                s.changed.append(pk)
+        except Exception as e:  # one job's bad data must not stop the others' flags
+            log.exception("progress analysis of job %s failed", pk)
+            s.errors.append(f"job {pk}: {type(e).__name__}: {e}")
+    return s
+
