@@ -79,7 +79,16 @@ class ProgressRelay:
         p.parent.mkdir(parents=True, exist_ok=True)
         try:
             if stat.S_ISSOCK(p.lstat().st_mode):
-                p.unlink()  # a previous agent's socket: nobody can be listening on it now that we start
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                try:
+                    probe.connect(self.path)
+                except ConnectionRefusedError:
+                    p.unlink()  # a previous agent's socket that nobody listens on any more
+                else:
+                    raise OSError(f"another agent listens on {self.path}: one relay per host (set "
+                                  "GPUFLEET_PROGRESS to another path for a second one)")
+                finally:
+                    probe.close()
         except FileNotFoundError:
             pass
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -101,6 +101,12 @@ class _Background:
                 spool_dir=self.data_dir / "spool" / node,
             )
             agent = Agent(cfg, source)
+            if not self.threads:  # one progress relay per host, on the first agent (docs/progress.md)
+                from gpufleet.agent.progress_relay import attach
+
+                relay = attach(agent)
+                print(f"training progress: GPUFLEET_PROGRESS={relay.path}" if relay else
+                      "training progress: off (GPUFLEET_PROGRESS=off, or no folder for its socket)", flush=True)
             history = self.args.history_minutes if getattr(source, "name", "") == "simulator" else 0.0
             t = threading.Thread(target=self._run_agent, args=(agent, history), name=f"agent-{node}", daemon=True)
             t.start()

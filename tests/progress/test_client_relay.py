@@ -185,3 +185,18 @@ def test_agent_run_flushes_open_windows_at_shutdown(tmp_path: Path) -> None:
     relay.close()
     batches = _batches(tmp_path / "spool")
     assert sum(w.steps for b in batches for w in b.progress) == 50
+
+
+def test_a_second_relay_does_not_steal_a_live_socket_but_replaces_a_stale_one(tmp_path: Path) -> None:
+    path = sock_path(tmp_path)
+    first = ProgressRelay(path)
+    try:
+        with pytest.raises(OSError, match="another agent listens"):
+            ProgressRelay(path)
+    finally:
+        first._stop.set()
+        first._thread.join(2)
+        first._sock.close()  # dies without unlinking: the socket file stays, stale
+    assert os.path.exists(path)
+    second = ProgressRelay(path)
+    second.close()
