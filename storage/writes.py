@@ -7,7 +7,8 @@ The order of one write, and the module doing each step:
 1. dimensions every batch needs, even a duplicate (``dimensions``: clusters, nodes);
 2. the idempotency ledger decides which batches are new (``ledger``);
 3. nodes seen, GPUs, jobs (``dimensions``), with the checks that need the database's view;
-4. the rows of all new batches as one set of arrays: raw samples (``raw_samples`` +
+4. the rows of all new batches as one set of arrays, less the (GPU, ts) samples already
+   stored under another batch key (``unique_rows``): raw samples (``raw_samples`` +
    ``copy_encoding``), 1-minute rollups (``rollups``), job times and allocations (``jobs``);
 5. every section writer in ``SECTION_WRITERS`` (events, and whatever new protocol sections
    add), each given the same ``WriteContext``.
@@ -37,6 +38,7 @@ from gpufleet.storage.prepared import BatchResult, Prepared, WriteResult
 from gpufleet.storage.progress_writes import write_progress_section
 from gpufleet.storage.raw_samples import insert_samples
 from gpufleet.storage.rollups import rollup, upsert_rollup
+from gpufleet.storage.unique_rows import new_rows
 from gpufleet.storage.write_cache import WriteCache
 
 __all__ = ["SECTION_WRITERS", "BatchResult", "Prepared", "SectionWriter", "WriteCache", "WriteContext",
@@ -104,6 +106,13 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     jpks = job_ids(conn, referenced_jobs(preps, active, cluster_pks), cache)
 
     ts, gpu_pk, job_pk, vals = _rows(preps, active, cluster_pks, gids, jpks)
+    # One sample per (GPU, ts): copies under another batch key are skipped, not counted.
+    keep = new_rows(conn, ts, gpu_pk)
+    stored = [preps[i].n for i in active]
+    if not keep.all():
+        ends = np.cumsum(stored)
+        stored = [int(keep[e - n:e].sum()) for e, n in zip(ends.tolist(), stored, strict=True)]
+        ts, gpu_pk, job_pk, vals = ts[keep], gpu_pk[keep], job_pk[keep], vals[:, keep]
     if len(ts):
         if conn.dialect.name == "postgresql":
             retention.ensure_partitions_in(conn, retention.days_of(ts))
@@ -119,8 +128,8 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     for section in sections:
         section(ctx)
 
-    for i in active:
-        results[i] = BatchResult(preps[i].n, False)
+    for i, n in zip(active, stored, strict=True):
+        results[i] = BatchResult(n, False)
     return WriteResult([r for r in results if r is not None])
 
 

@@ -71,8 +71,9 @@ def test_cache_matches_a_writer_without_one(engine) -> None:  # type: ignore[no-
         _write(engine, cache, k, T0 + dt, job, T0 + dt + 10)
     with_cache = _allocations(engine)
     with engine.begin() as c:
-        c.execute(text("delete from allocations"))
-        c.execute(text("delete from ingest_batches"))
+        # the same samples again: every table they went into starts empty (one sample per (GPU, ts))
+        for t in ("allocations", "ingest_batches", "gpu_samples", "gpu_samples_1m", "job_samples_1m"):
+            c.execute(text(f"delete from {t}"))
     for k, (job, dt) in enumerate(plan):
         _write(engine, WriteCache(), 100 + k, T0 + dt, job, T0 + dt + 10)
     assert _allocations(engine) == with_cache
