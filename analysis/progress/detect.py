@@ -211,3 +211,23 @@ def detect_all(windows: Sequence[Window], g: Goodput, now: float, th: ProgressTh
     out.extend(detect_slow_ranks(windows, now, th))
     out.extend(detect_overheads(windows, g, now, th))
     return out
+
+
+def slow_rank_timeline(windows: Sequence[Window], th: ProgressThresholds | None = None) -> list[dict[str, Any]]:
+    """Window by window: the ranks whose step time (the window's p50) is above the peers'
+    median by ``slow_rank_ratio`` (when a straggler emerges, and for how long)."""
+    th = th or ProgressThresholds()
+    by: dict[float, dict[int, float]] = defaultdict(dict)
+    for w in windows:
+        if w.step_time_p50_s is not None and w.steps >= 3:
+            by[w.start][w.rank] = w.step_time_p50_s
+    out = []
+    for t, per in sorted(by.items()):
+        if len(per) < th.slow_rank_min_peers + 1:
+            continue
+        for r, v in sorted(per.items()):
+            pm = statistics.median(x for q, x in per.items() if q != r)
+            if pm > 0 and v > th.slow_rank_ratio * pm:
+                out.append({"start": t, "rank": r, "step_s": _r(v, 4), "peers_step_s": _r(pm, 4),
+                            "ratio": _r(v / pm, 3)})
+    return out
