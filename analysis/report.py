@@ -15,6 +15,7 @@ from .detectors import Finding, JobContext, JobView, run_detectors
 from .detectors.base import CounterMinutes, MinuteSignals
 from .features import HIST_FIELDS, MinuteFeatures, hist_quantile
 from .windows import build_windows
+from .workload import WorkloadClass
 
 MFU_BASIS = "tensor_active x peak dense bf16 (estimate)"
 REPORT_VERSION = 2  # 2: goodput_score is a ratio 0..1 (was 0..100)
@@ -30,6 +31,7 @@ class JobMeta:
     gpu_nodes: list[str]
     gpu_indexes: list[int]
     model: str | None
+    workload: WorkloadClass | None = None  # from scheduler metadata (analysis/workload.py)
 
 
 @dataclass
@@ -71,7 +73,8 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     end = max(end, start)
     allocated = g * (end - start) / 3600.0
     model = CATALOG.gpu_model(meta.model) if meta.model else None
-    ctx = JobContext(meta.gpu_uuids, meta.gpu_nodes, meta.model, th.model(meta.model), first_ts, last_ts)
+    ctx = JobContext(meta.gpu_uuids, meta.gpu_nodes, meta.model, th.model(meta.model), first_ts, last_ts,
+                     meta.workload.name if meta.workload else None)
 
     findings: list[Finding] = []
     job: JobView | None = None
@@ -183,6 +186,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
         "per_gpu": per_gpu,
         "sample_interval_s": _r(feats.interval_s, 3),
         "coverage": coverage,
+        "workload": (meta.workload or WorkloadClass(None, "not known")).as_json(),
         "notes": notes,
     }
     return JobAnalysis(report, findings, score, round(allocated, 4), round(wasted_total, 4))

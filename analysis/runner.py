@@ -31,6 +31,7 @@ from .features import RAW_FIELDS, MinuteFeatures, add_histograms, histograms
 from .progress.flags import run_progress_pass
 from .report import JobAnalysis, JobMeta, analyze
 from .state import CACHE, JobState, StateCache
+from .workload import classify
 
 log = logging.getLogger(__name__)
 _RUN_LOCK = threading.Lock()  # one analysis pass at a time per process (state is per process)
@@ -238,6 +239,9 @@ def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache:
             gpu_nodes=[gpus.get(p, ("", -1, None, "?"))[3] for p in st.gpu_pks],
             gpu_indexes=[int(gpus.get(p, ("", -1, None, "?"))[1]) for p in st.gpu_pks],
             model=models.most_common(1)[0][0] if models else None,
+            workload=classify(source=job["source"], name=job["name"], partition=job["partition"],
+                              namespace=job["namespace"],
+                              labels=job["labels"] if isinstance(job["labels"], dict) else None),
         )
         if st.first_ts is None:
             return  # no samples yet

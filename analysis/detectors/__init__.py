@@ -27,6 +27,7 @@ from . import (
     network_degraded,
     no_tensor_cores,
     oversized_allocation,
+    pipeline_imbalance,
     straggler,
     throttled,
 )
@@ -38,7 +39,8 @@ def _spec(module: Any) -> DetectorSpec[Any]:
 
 
 DETECTORS: tuple[DetectorSpec[Any], ...] = tuple(_spec(m) for m in (
-    idle_gpu, oversized_allocation, hung, comm_bound, input_stall, memory_underuse, straggler, throttled,
+    idle_gpu, oversized_allocation, hung, comm_bound, input_stall, memory_underuse, straggler, pipeline_imbalance,
+    throttled,
     no_tensor_cores, low_sm_activity, hw_fault, collective_slow, network_degraded, link_errors,
 ))
 

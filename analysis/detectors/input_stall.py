@@ -25,6 +25,8 @@ class Config(KindConfig):
 
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
+    if job.ctx.workload_class == "serving":
+        return []  # a replica idling between requests waits for traffic, not for a DataLoader
     f = job.w.f
     bf = f.busy_frac
     per_gpu = (job.active & (bf >= cfg.busy_frac_min) & (bf <= cfg.busy_frac_max)

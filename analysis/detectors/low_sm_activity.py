@@ -3,9 +3,9 @@ diagnosis, so it runs after the specific ones and steps aside where they flagged
 
 Judged on the window mean, whatever the sampling interval: a bursty job at 10% SM sampled
 every 15 s is as empty as a steady one (the old "steady" condition needed 1 s samples).
-Without profiling metrics it falls back to NVML ``gpu_util``, an upper bound of SM activity
-(a kernel running on any SM counts as utilised): util below the threshold means the SMs are
-emptier still; util high says nothing, so no verdict."""
+Needs profiling metrics (``sm_active``): NVML ``gpu_util`` is a duty cycle, which cannot tell
+a bursty job with full SMs from an empty one, and request-driven serving idles by design;
+without them only idle GPUs are judged (idle_gpu)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from .base import Finding, Found, JobView, make_finding
 
 KIND = "low_sm_activity"
 # Causes more specific than "SMs mostly empty": where one flagged, this one stays quiet.
-EXPLAINED_BY = ("idle_gpu", "oversized_allocation", "hung", "comm_bound", "input_stall", "memory_underuse", "straggler")
+EXPLAINED_BY = ("idle_gpu", "oversized_allocation", "hung", "comm_bound", "input_stall", "memory_underuse", "straggler",
+                "pipeline_imbalance")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +35,8 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     # Per window: the active GPUs' median; a window where every GPU idles counts as 0, so a
     # bursty job whose coarse samples land between bursts (idle windows interleaved with
     # light ones) is still one low-duty episode. Long idle stretches are idle_gpu's.
-    med = np.where(job.n_active > 0, masked_median(job.activity, job.active), 0.0)
+    prof = job.active & ~job.from_util
+    med = np.where(job.n_active > 0, masked_median(f.sm, prof), 0.0)
     explained = found.explained(job.w.k, *EXPLAINED_BY)
     mask = job.valid_k & (med < cfg.sm_active_max) & ~explained
     # ... but a stretch that is idle nearly throughout is idleness, not half-empty SMs: keep
@@ -49,8 +51,8 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     if not det:
         return []
     em = episode_mask(det, job.w.k)
-    claim = np.where(job.judged, 1.0 - np.minimum(1.0, np.nan_to_num(job.activity) / job.general.target_sm_active),
-                     0.0)
+    claim = np.where(job.judged & ~job.from_util,
+                     1.0 - np.minimum(1.0, np.nan_to_num(f.sm) / job.general.target_sm_active), 0.0)
     return [make_finding(job, KIND, cfg, det, claim, {
         "sm_active": job.stats(f.sm, em), "sm_occupancy": job.stats(f.occ, em),
         "gpu_util": job.stats(f.gpu_util, em), "busy_fraction": job.stats(f.busy_frac, em),

@@ -29,6 +29,8 @@ class Config(KindConfig):
 
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
+    if job.ctx.workload_class == "hpc":
+        return []  # simulation codes (MD, CFD, lattice) mostly have no tensor-core path to enable
     f = job.w.f
     med_t = masked_median(f.tensor, job.active)
     med_sm = masked_median(f.sm, job.active)

@@ -1,7 +1,10 @@
 """straggler: one GPU or node measurably slower than its peers, who wait for it at every step.
 
 Robust deviation from peers over aligned windows, per GPU and per node (median + MAD, so one
-outlier cannot move the reference)."""
+outlier cannot move the reference). A deviant is named a straggler only with a hardware
+signature (a busy-clock deficit, throttle reasons, or errors on its GPUs): a GPU that is merely
+busier than its peers at equal clocks is the heaviest stage of a pipeline-parallel job doing
+its share, which is ``pipeline_imbalance`` (rebalance the stages, do not drain the node)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, masked_median, share
+from ..windows import Detection, episode_mask, masked_median, share
 from .base import Finding, Found, JobView, make_finding, r3
 
 KIND = "straggler"
@@ -32,7 +35,37 @@ def _ref_mad(x: np.ndarray, peers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ref, np.nan_to_num(mad)
 
 
-def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
+@dataclass
+class Deviant:
+    """One GPU or node deviating from its peers over ``em`` (K,), with the medians compared."""
+
+    scope: str
+    rows: np.ndarray  # (G,) its GPUs
+    det: Detection
+    em: np.ndarray
+    slow_rows: np.ndarray  # (G, K)
+    peers: np.ndarray  # (G, K)
+    s_sm: np.ndarray
+    p_sm: np.ndarray
+    s_ck: np.ndarray
+    p_ck: np.ndarray
+    signature: list[str]
+
+
+def _errors(job: JobView, rows: np.ndarray) -> bool:
+    c = job.counters
+    r = np.flatnonzero(rows)
+    if not len(r):
+        return False
+    added = [np.nan_to_num(np.nanmax(hi[r], initial=0.0) - np.nanmin(lo[r], initial=0.0))
+             for hi, lo in ((c.ecc_max, c.ecc_min), (c.nvl_err_max, c.nvl_err_min))
+             if np.any(~np.isnan(hi[r])) and np.any(~np.isnan(lo[r]))]
+    return bool(np.nan_to_num(c.xid_crit[r]).any() or np.nan_to_num(c.remap_max[r]).any() or any(a > 0 for a in added))
+
+
+def deviants(job: JobView, cfg: Config) -> list[Deviant]:
+    """GPUs and nodes that deviate from their peers long enough to count, each with its
+    hardware signature (empty: none)."""
     f = job.w.f
     if job.n_gpus < cfg.min_gpus:
         return []
@@ -82,7 +115,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
             rows = np.zeros(len(nodes), dtype=bool)
             rows[i] = True
             scopes.append((uuid, m, rows))
-    out: list[Finding] = []
+    out: list[Deviant] = []
     for scope, m, rows in scopes:
         slow_rows = rows[:, None] & act
         peers = ~rows[:, None] & act
@@ -93,22 +126,43 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
         em = episode_mask(det, job.w.k)
         s_sm, p_sm = masked_median(sm, slow_rows), masked_median(sm, peers)
         s_ck, p_ck = masked_median(clock, slow_rows), masked_median(clock, peers)
+        sig = []
         with np.errstate(invalid="ignore", divide="ignore"):
-            wait_sm = np.clip(1.0 - p_sm / s_sm, 0.0, 1.0)
-            wait_ck = np.clip(1.0 - s_ck / p_ck, 0.0, 1.0)
+            deficit = np.nanmedian(np.where(em, 1.0 - s_ck / p_ck, np.nan)) if np.any(em & ~np.isnan(s_ck)) else 0.0
+        if np.nan_to_num(deficit) >= rel:
+            sig.append("clock_deficit")
+        thr_s = job.stats(f.throttle_frac, em, slow_rows)
+        thr_p = job.stats(f.throttle_frac, em, peers)
+        if thr_s is not None and thr_s >= 0.25 and thr_s >= (thr_p or 0.0) + 0.2:
+            sig.append("throttle_reasons")
+        if _errors(job, rows):
+            sig.append("errors")
+        out.append(Deviant(scope, rows, det, em, slow_rows, peers, s_sm, p_sm, s_ck, p_ck, sig))
+    return out
+
+
+def med_over(x: np.ndarray, em: np.ndarray) -> float | None:
+    v = x[em & ~np.isnan(x)]
+    return r3(np.median(v)) if len(v) else None
+
+
+def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
+    out: list[Finding] = []
+    for d in deviants(job, cfg):
+        if not d.signature:
+            continue  # no hardware cause: pipeline_imbalance's, not a node to drain
+        with np.errstate(invalid="ignore", divide="ignore"):
+            wait_sm = np.clip(1.0 - d.p_sm / d.s_sm, 0.0, 1.0)
+            wait_ck = np.clip(1.0 - d.s_ck / d.p_ck, 0.0, 1.0)
         wait = np.fmax(np.nan_to_num(wait_sm), np.nan_to_num(wait_ck))  # (K,) share of peer time spent waiting
-        claim = np.where(peers, wait[None, :], 0.0)
-
-        def med_over(x: np.ndarray, em: np.ndarray = em) -> float | None:
-            v = x[em & ~np.isnan(x)]
-            return r3(np.median(v)) if len(v) else None
-
-        out.append(make_finding(job, KIND, cfg, det, claim, {
-            "level": "gpu" if scope in job.ctx.gpu_uuids else "node",
-            "gpus": [u for u, r in zip(job.ctx.gpu_uuids, rows, strict=True) if r][:16],
-            "sm_active": med_over(s_sm), "peers_sm_active": med_over(p_sm),
-            "sm_clock_mhz": med_over(s_ck), "peers_sm_clock_mhz": med_over(p_ck),
-            "throttle_fraction": job.stats(f.throttle_frac, em, slow_rows),
-            "peers_wait_fraction": med_over(wait), "n_peers": int(peers.any(axis=1).sum()),
-            "robust_z": z, "min_rel_dev": rel}, scope=scope))
+        claim = np.where(d.peers, wait[None, :], 0.0)
+        em = d.em
+        out.append(make_finding(job, KIND, cfg, d.det, claim, {
+            "level": "gpu" if d.scope in job.ctx.gpu_uuids else "node",
+            "gpus": [u for u, r in zip(job.ctx.gpu_uuids, d.rows, strict=True) if r][:16],
+            "sm_active": med_over(d.s_sm, em), "peers_sm_active": med_over(d.p_sm, em),
+            "sm_clock_mhz": med_over(d.s_ck, em), "peers_sm_clock_mhz": med_over(d.p_ck, em),
+            "throttle_fraction": job.stats(job.w.f.throttle_frac, em, d.slow_rows),
+            "peers_wait_fraction": med_over(wait, em), "n_peers": int(d.peers.any(axis=1).sum()),
+            "signature": d.signature, "robust_z": cfg.robust_z, "min_rel_dev": cfg.min_rel_dev}, scope=d.scope))
     return out

@@ -38,7 +38,10 @@ CROSS_REFERENCES = {
     "throttled": {"api/queries/nodes.py": "a homonym: the node page's throttled-minutes column, not the flag"},
     "idle_gpu": {"alerts/render.py": "the sample message of `gpufleet alerts test`",
                  "analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
-    "hung": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
+    "hung": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
+             "analysis/progress/detect.py": "the job's own progress gives a hang its second kind of evidence",
+             "analysis/progress/goodput.py": "time lost to a hang is one cause of the progress goodput",
+             "analysis/progress/model.py": "the progress goodput's causes include hangs"},
     "pipeline_imbalance": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
                            "analysis/detectors/straggler.py": "a deviant without a hardware signature is one"},
 }

@@ -139,3 +139,30 @@ def test_low_confidence_flags_never_page() -> None:
     cfg = AlertConfig(default_webhook="http://x")
     assert set(alerting_kinds(facts("medium"), cfg, now=36000.0)) == {"idle_gpu"}
     assert alerting_kinds(facts("low"), cfg, now=36000.0) == {}
+
+
+def stages(busy_rows: set[int], *, clock: float = 1980.0, reasons: float = 0.0):  # type: ignore[no-untyped-def]
+    """8 GPUs; ``busy_rows`` run harder (the heaviest pipeline stage, or a slow rank)."""
+    def fn(t: np.ndarray, g: int) -> dict[str, np.ndarray | float]:
+        d = dict(healthy_training(t, g))
+        if g in busy_rows:
+            d.update(sm_active=0.92, sm_clock_mhz=clock, clock_event_reasons=reasons)
+        else:
+            d.update(sm_active=0.62, tensor_active=0.3)
+        return d
+    return fn
+
+
+def test_busier_stage_at_equal_clocks_is_pipeline_imbalance_not_a_straggler() -> None:
+    res = run(8, 60, 1.0, stages({0, 1}))
+    assert "straggler" not in kinds(res)
+    (f,) = [f for f in res.findings if f.kind == "pipeline_imbalance"]
+    assert "drain" not in f.suggestion and f.evidence["sm_active_busiest"] > f.evidence["sm_active_others"]
+
+
+def test_clock_deficit_with_throttle_reasons_is_a_straggler() -> None:
+    res = run(8, 60, 1.0, stages({3}, clock=1500.0, reasons=float(0x40 | 0x8)))
+    (f,) = [f for f in res.findings if f.kind == "straggler"]
+    assert f.scope == "GPU-3" and "clock_deficit" in f.evidence["signature"]
+    assert "throttle_reasons" in f.evidence["signature"]
+    assert "pipeline_imbalance" not in kinds(res)

@@ -11,6 +11,7 @@ from gpufleet.analysis.config import load_thresholds
 from gpufleet.analysis.detectors import features_for
 from gpufleet.analysis.features import RAW_FIELDS, histograms
 from gpufleet.analysis.report import JobAnalysis, JobMeta, analyze
+from gpufleet.analysis.workload import WorkloadClass
 
 T0 = 1_790_000_000.0
 GIB = 2.0**30
@@ -36,7 +37,8 @@ def telemetry(n_gpus: int, minutes: float, interval_s: float, fn: Signals, *, st
 
 
 def run(n_gpus: int, minutes: float, interval_s: float, fn: Signals, *, model: str | None = H100,
-        until_min: float | None = None, running: bool = False, nodes: list[str] | None = None) -> JobAnalysis:
+        until_min: float | None = None, running: bool = False, nodes: list[str] | None = None,
+        workload: WorkloadClass | None = None) -> JobAnalysis:
     ts, gpu, cols = telemetry(n_gpus, minutes, interval_s, fn)
     if until_min is not None:
         keep = ts <= T0 + until_min * 60
@@ -46,7 +48,7 @@ def run(n_gpus: int, minutes: float, interval_s: float, fn: Signals, *, model: s
     nodes = nodes or ["node-a"] * n_gpus
     meta = JobMeta(job_id="v", start_ts=T0, end_ts=None if running else float(ts.max()), running=running,
                    gpu_uuids=[f"GPU-{g}" for g in range(n_gpus)], gpu_nodes=nodes,
-                   gpu_indexes=list(range(n_gpus)), model=model)
+                   gpu_indexes=list(range(n_gpus)), model=model, workload=workload)
     return analyze(meta, feats, histograms(cols), th=th, first_ts=float(ts.min()), last_ts=float(ts.max()))
 
 

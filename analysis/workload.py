@@ -1,0 +1,80 @@
+"""Workload classes from scheduler metadata (pure): training, serving, batch_inference,
+interactive, hpc. The rules and advice of some detectors depend on it: a serving replica that
+idles between requests is over-provisioned, never input-stalled; an FP32 HPC code has no
+tensor-core path to enable.
+
+Order of evidence (first that speaks wins): an explicit label (``gpufleet.io/workload``,
+``workload-class`` or ``workload_class``), the Kubernetes owner kind, the Slurm partition and
+QoS, then words in the job's name, application label and namespace. Nothing speaks: None (the
+detectors then apply the rules that hold for any workload)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.flagkinds import WORKLOAD_CLASSES
+
+OVERRIDE_LABELS = ("gpufleet.io/workload", "workload-class", "workload_class")
+OWNER_KINDS = {
+    "deployment": "serving", "replicaset": "serving", "statefulset": "serving", "inferenceservice": "serving",
+    "knativeservice": "serving", "rayservice": "serving",
+    "pytorchjob": "training", "tfjob": "training", "mpijob": "training", "jaxjob": "training", "xgboostjob": "training",
+    "notebook": "interactive",
+}
+# Whole words (split on - _ . / and digits) in names, partitions, QoS, app labels, namespaces.
+WORDS = (
+    ("interactive", ("jupyter", "jupyterhub", "notebook", "notebooks", "interactive", "ipykernel", "vscode",
+                     "sandbox")),
+    ("serving", ("serve", "serving", "vllm", "tgi", "triton", "tritonserver", "sglang", "inference-server",
+                 "endpoint")),
+    ("training", ("train", "training", "pretrain", "finetune", "fine-tune", "sft", "rlhf", "dpo", "lora")),
+    ("batch_inference", ("infer", "inference", "batch-infer", "embed", "embedding", "embeddings", "offline")),
+    ("hpc", ("hpc", "md", "gromacs", "lammps", "namd", "amber", "cp2k", "vasp", "openfoam", "cfd", "wrf",
+             "climate", "lattice", "milc", "simulation", "solver")),
+)
+
+
+@dataclass(frozen=True)
+class WorkloadClass:
+    name: str | None
+    reason: str  # how it was decided (shown in the report)
+
+    def as_json(self) -> dict[str, str | None]:
+        return {"class": self.name, "from": self.reason}
+
+
+def _words(text: str | None) -> set[str]:
+    if not text:
+        return set()
+    t = text.lower()
+    parts = set(re.split(r"[^a-z]+", t))
+    # hyphenated names match multi-part words too ("batch-infer", "inference-server")
+    return parts | {m.group(0) for m in re.finditer(r"[a-z]+-[a-z]+", t)}
+
+
+def classify(*, source: str | None = None, name: str | None = None, partition: str | None = None,
+             namespace: str | None = None, labels: Mapping[str, Any] | None = None) -> WorkloadClass:
+    labels = labels or {}
+    for key in OVERRIDE_LABELS:
+        v = labels.get(key)
+        if isinstance(v, str) and v.lower() in WORKLOAD_CLASSES:
+            return WorkloadClass(v.lower(), f"label {key}")
+    owner = str(labels.get("owner_kind") or "").lower()
+    if owner in OWNER_KINDS:
+        return WorkloadClass(OWNER_KINDS[owner], f"Kubernetes owner {labels.get('owner_kind')}")
+    for where, text in (("partition", partition), ("QoS", labels.get("qos") if isinstance(labels.get("qos"), str)
+                                                    else None)):
+        w = _words(text)
+        for cls, words in WORDS:
+            if w & set(words):
+                return WorkloadClass(cls, f"{where} {text}")
+    app = labels.get("app.kubernetes.io/name") or labels.get("app")
+    for where, text in (("name", name), ("app", app if isinstance(app, str) else None), ("namespace", namespace)):
+        w = _words(text)
+        for cls, words in WORDS:
+            if w & set(words):
+                return WorkloadClass(cls, f"{where} {text}")
+    return WorkloadClass(None, "no scheduler metadata names it")
