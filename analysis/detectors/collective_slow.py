@@ -64,7 +64,8 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     fabric = fabric_busbw_bytes_s(view, worst, job.ctx.limits.nvlink_bytes_s)
     evidence = {**series_evidence(worst), "fabric_busbw_bytes_s": r3(fabric, 0) if fabric else None,
                 "of_fabric": r3(worst.observed_gbs * 1e9 / fabric) if fabric else None,
-                "slow_series": [series_evidence(e) for e in sorted(eps, key=lambda e: -e.lost_gpu_s)][:8],
+                "slow_series": [f"{e.key[1]} {e.key[2]} B on {e.key[0]} ({e.n_nodes} nodes): busbw {-e.drop:+.0%}"
+                                for e in sorted(eps, key=lambda e: -e.lost_gpu_s)][:8],
                 "flagged_minutes": round(sum(e.end - e.start for e in eps) / 60, 1), "episodes": len(eps),
                 "longest_episode_minutes": round(max(e.end - e.start for e in eps) / 60, 1),
                 "judged_from": ["nccl_inspector"]}

@@ -387,8 +387,9 @@
     )) : h("p", { class: "muted" }, s.source === "live" ? "Not analysed yet; no flags." : "No flags: this job uses its GPUs well."));
     const charts = h("div", { class: "charts", id: "charts" });
     const perGpu = h("div");
+    const collEl = h("div", { id: "collectives" });  // filled by collectives.js (docs/nccl.md)
     fill(root, header, kp, h("h2", {}, "Flags"), flagsEl, h("h2", {}, "Per GPU and job aggregate (bold)"), charts,
-      h("h2", {}, "Per-GPU report"), perGpu);
+      h("h2", {}, "Collectives and fabric"), collEl, h("h2", {}, "Per-GPU report"), perGpu);
 
     const current = new Map(j.gpus.map((g) => [g.uuid, g.current]));
     perGpu.append(table([
@@ -417,6 +418,7 @@
       makeChart(b.spec, b, ts.t, lines, fmtv);
     }
     makeChart(linkBox.spec, linkBox, links.t, LINK_FIELDS.map(([f, label, color]) => ({ label, color, width: 1.5, values: links.aggregate[f] })), rate);
+    if (window.gpufleetCollectives) await window.gpufleetCollectives(collEl, base, cluster).catch((e) => state.errors.push(String(e)));
     state.step = ts.step;
     done();
   }

@@ -1,0 +1,62 @@
+"""The job page's collectives and fabric panels in headless Chromium, on the scenario's data."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.analysis.runner import run_analysis
+from gpufleet.collector.columns import prepare
+from gpufleet.storage.db import make_engine
+from gpufleet.storage.writes import write_batches
+
+from .scenario import T0, NodeOutput
+from .test_pipeline import JOB, batches, faulty  # noqa: F401 - the module-scoped scenario fixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "web"))
+from webpage import Page
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian's chromium at /usr/bin/chromium (scripts/test.sh installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield b
+        b.close()
+
+
+def test_job_page_shows_busbw_heatmap_with_the_degraded_rank_and_nics(
+        chromium: Any, sqlite_url: str, live_server: Callable[..., Any], faulty: list[NodeOutput]) -> None:  # noqa: F811
+    e = make_engine(sqlite_url)
+    bs = batches(faulty, end=T0 + 25 * 60)
+    with e.begin() as conn:
+        write_batches(conn, [prepare(b) for b in bs], T0 + 25 * 60)
+    run_analysis(e, now=T0 + 25 * 60)
+    e.dispose()
+    srv = live_server(sqlite_url)
+    ctx = chromium.new_context(viewport={"width": 1440, "height": 900})
+    p = Page(ctx.new_page(), srv.url)
+    try:
+        pg = p.open(f"/jobs/{JOB}")
+        assert pg.locator("#coll-busbw .uplot").count() == 1, "the busbw chart drew"
+        assert pg.locator("#coll-heatmap-canvas").count() == 1
+        note = pg.locator("#coll-degraded").inner_text()
+        assert "rank 21 on gpu-02" in note and "mlx5_5/1" in note
+        assert pg.locator(".heat-ranks .degraded").count() == 1
+        row = pg.locator("#coll-nics tr.bad")
+        assert row.count() == 1 and "200 Gb/s (was 400)" in row.inner_text() and "mlx5_5/1" in row.inner_text()
+        p.shot("job-collectives")
+    finally:
+        ctx.close()
+    assert p.errors == []
