@@ -30,7 +30,7 @@ from gpufleet import protocol
 from gpufleet.collector.columns import prepare
 from gpufleet.collector.errors import BatchRejected, from_protocol
 from gpufleet.collector.fastdecode import decode_prepared
-from gpufleet.collector.validate import check_batch
+from gpufleet.collector.validate import check_batch, check_jobs_on_own_gpus
 from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable
 from gpufleet.settings import CollectorSettings
 from gpufleet.storage import tokens
@@ -204,6 +204,8 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
             prep = prepare(batch)
         check_batch(batch, prep, time.time(), max_rows=coll.settings.http.max_rows_per_batch,
                     max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, dims_checked=fast)
+        if who.node is not None:
+            check_jobs_on_own_gpus(prep)
         fut = coll.writer.submit(prep)
     except BatchRejected as e:
         return _answer(e.status, e.detail)

@@ -173,3 +173,14 @@ def _check_one_sample_per_gpu_and_ts(prep: Prepared) -> None:
         first = int(order[same[int(np.argmin(later))]])
         raise reject("samples", f"GPU {prep.gpu[r]!r} already has a sample at {float(ts[r]):.3f} (row {first})",
                      field="ts", row=r)
+
+
+def check_jobs_on_own_gpus(prep: Prepared) -> None:
+    """For a batch sent with a node-scoped token: it may describe (``jobs``) only the jobs its
+    own rows or allocations put on its own GPUs, so one node cannot rename another node's job
+    or change who is blamed for it. 403 naming the entry."""
+    mine = {j for j in set(prep.job) if j is not None} | {a.job_id for a in prep.batch.allocations}
+    for i, info in enumerate(prep.batch.jobs):
+        if info.job_id not in mine:
+            raise reject("jobs", f"job {info.job_id!r} runs on none of this node's GPUs in this batch: "
+                         "a node-scoped token may describe only its own jobs", field="job_id", row=i, status=403)

@@ -130,3 +130,36 @@ def test_import_into_a_live_job_keeps_its_metadata(database_url, live_server, tm
     assert dict(job) | {"start_ts": None} == {"source": "slurm", "user": "alice", "name": "train-llm",
                                               "account": "ml-team", "partition": "gpu-a100", "start_ts": None}
     assert job["start_ts"] <= now - 3600 + 0.5  # the imported history extends the job back
+
+
+# --- item 7: a node-scoped token describes only jobs on its own GPUs ---------------------
+
+def test_node_token_cannot_rewrite_another_nodes_job(database_url, live_server) -> None:
+    from gpufleet.storage import tokens
+
+    e = make_engine(database_url)
+    ta = tokens.create_token(e, "a", "agent", cluster="default", node="node-a")
+    tb = tokens.create_token(e, "b", "agent", cluster="default", node="node-b")
+    srv = live_server(database_url, allow_anonymous=False)
+    now = time.time() - 60
+    a = make_batch("node-a", seq=0, start=now, gpus=2, seconds=2, job="777", user="bob")
+    a.jobs[0].name = "train"
+    assert post(srv.url, a, token=ta).status_code == 200
+    hijack = make_batch("node-b", seq=0, start=now, gpus=2, seconds=2, job="own-b", user="carol")
+    hijack.jobs.append(type(a.jobs[0])(job_id="777", source="slurm", user="mallory", name="hijacked"))
+    r = post(srv.url, hijack, token=tb)
+    assert r.status_code == 403 and "jobs[1]" in r.json()["detail"] and "777" in r.json()["detail"], r.text
+    with e.connect() as c:
+        job = c.execute(text("select \"user\", name from jobs where job_id = '777'")).one()
+        own_b = c.execute(text("select count(*) from jobs where job_id = 'own-b'")).scalar_one()
+    assert tuple(job) == ("bob", "train") and own_b == 0
+    assert counts(database_url)["gpu_samples"] == 4  # node-b's refused batch stored nothing
+    # the same batch without the foreign description is node-b's own business: stored
+    hijack.jobs.pop()
+    assert post(srv.url, hijack, token=tb).json() == {"stored": 4, "duplicate": False}
+    # an unscoped (cluster-wide) token, e.g. a relay, may still describe any job of its cluster
+    tc = tokens.create_token(e, "c", "agent", cluster="default")
+    e.dispose()
+    desc = make_batch("node-c", seq=0, start=now, gpus=1, seconds=1, job=None)
+    desc.jobs = [type(a.jobs[0])(job_id="777", source="slurm", user="bob", name="train", account="ml")]
+    assert post(srv.url, desc, token=tc).status_code == 200
