@@ -103,10 +103,6 @@ def _drift(ctx: GpuContext) -> float:
     return 1.0 + sum(a * math.sin(2 * math.pi * ctx.t / p + ph) for a, p, ph in d)
 
 
-def _noise(rng: random.Random, x: float, sd: float, lo: float = 0.0, hi: float = 1.0) -> float:
-    return min(hi, max(lo, rng.gauss(x, sd)))
-
-
 def _base(ctx: GpuContext, *, sm: float, occ: float, tensor: float, dram: float, fb_gib: float,
           power: float, fp32: float = 0.05, fp16: float = 0.02, fp64: float = 0.0,
           pcie_rx: float = 2e8, pcie_tx: float = 5e7, nvlink: float = 0.0, ib: float = 0.0,

@@ -7,11 +7,11 @@ it as plain data; errors name the offending key so an operator can fix the file.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gpufleet import durations
 from gpufleet.flagkinds import FLAG_KINDS, SEVERITIES
 
 __all__ = ["FLAG_KINDS", "SEVERITIES"]
@@ -25,20 +25,14 @@ class ConfigError(ValueError):
     pass
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(v: Any, key: str = "duration") -> float:
     """``90``, ``"90s"``, ``"30m"``, ``"4h"``, ``"7d"`` -> seconds."""
-    if isinstance(v, bool):
-        raise ConfigError(f"{key}: expected a duration like 30m or 4h, got {v!r}")
-    if isinstance(v, int | float):
-        return float(v)
-    m = _DURATION.match(str(v))
-    if not m:
-        raise ConfigError(f"{key}: expected a duration like 30m or 4h, got {v!r}")
-    return float(m.group(1)) * _UNIT[m.group(2)]
+    try:
+        return durations.parse_duration(v)  # the one grammar (gpufleet/durations.py)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, and_, exists, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport, Node
 
 from .collectives.load import load_fabric
@@ -154,7 +155,7 @@ def _read_samples(conn: Connection, job_pk: int, since: float) -> np.ndarray:
     sql = (f"SELECT ts, gpu_pk, {_COLS} FROM gpu_samples WHERE job_pk = {mark} AND ts >= {mark} "
            "ORDER BY gpu_pk, ts")
     params = (job_pk, float(since) if np.isfinite(since) else -1e18)
-    if conn.dialect.name == "postgresql":
+    if is_postgres(conn):
         # Binary results: floats arrive as 8 bytes, not text to parse (2-3x faster); never
         # server-prepared (psycopg's auto-prepare ends in DEALLOCATE ALL after a rollback).
         with conn.connection.driver_connection.cursor(binary=True) as cur:

@@ -10,12 +10,12 @@ and hands everything else, lifespan and websockets included, to the wrapped app 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from starlette.datastructures import State
 from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 from gpufleet.collector.routes import collector_for, handle_ingest, internal_error, wanted_headers
 
@@ -23,10 +23,6 @@ log = logging.getLogger(__name__)
 
 INGEST_PATH = "/api/v1/ingest"
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _JSON = (b"content-type", b"application/json")
 

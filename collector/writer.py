@@ -32,6 +32,7 @@ from sqlalchemy import Engine
 
 from gpufleet.collector.errors import from_refusal
 from gpufleet.storage import retention
+from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.errors import WriteRefused, is_missing_partition, is_transient, is_unreachable
 from gpufleet.storage.prepared import BatchResult, Prepared
 from gpufleet.storage.write_cache import WriteCache
@@ -191,7 +192,7 @@ class GroupWriter:
 
     def _ensure_partitions(self, preps: list[Prepared]) -> None:
         # Outside the write transaction (see storage.retention): usually a cache hit.
-        if self.engine.dialect.name != "postgresql":
+        if not is_postgres(self.engine):
             return
         days: set[int] = set()
         for p in preps:

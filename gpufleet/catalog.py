@@ -140,4 +140,3 @@ def load_catalog(path: Path | None = None) -> Catalog:
 
 
 CATALOG = load_catalog()
-FIELD_NAMES: tuple[str, ...] = CATALOG.names

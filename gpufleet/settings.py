@@ -117,6 +117,25 @@ class MaintenanceSettings(Section):
     stale_job_s: float = env("STALE_JOB_S", 300.0, "a running job no node reported for this long is ended", gt=0)
 
 
+class ExportSettings(Section):
+    """Remote-write export of stored samples (collector/export). Off unless ``url`` is set. Lists
+    are comma-separated; collector/export parses them."""
+
+    url: str = env("EXPORT_URL", "", "Prometheus remote-write receiver to copy stored samples to; empty = off")
+    token: str | None = env("EXPORT_TOKEN", None, "bearer token for the receiver (a secret)", repr=False)
+    fields: str = env("EXPORT_FIELDS", "", "comma list of catalog fields to export; empty = every field")
+    labels: str = env("EXPORT_LABELS", "", "comma list of labels on exported series; empty = the exporter's default")
+    queue_dir: Path | None = env("EXPORT_QUEUE_DIR", None, "on-disk send queue; default `<data dir>/export-queue`")
+    queue_bytes: int = env("EXPORT_QUEUE_BYTES", 256 * 1024 * 1024, "send queue bound (oldest dropped, counted)", gt=0)
+    max_samples_per_send: int = env("EXPORT_MAX_SAMPLES_PER_SEND", 20_000, "samples per remote-write request", gt=0)
+    flush_s: float = env("EXPORT_FLUSH_S", 1.0, "most time rows wait to be encoded", gt=0)
+    timeout_s: float = env("EXPORT_TIMEOUT_S", 30.0, "HTTP timeout per send", gt=0)
+    min_backoff_s: float = env("EXPORT_MIN_BACKOFF_S", 0.5, "first retry delay", gt=0)
+    max_backoff_s: float = env("EXPORT_MAX_BACKOFF_S", 30.0, "longest retry delay", gt=0)
+    pending_rows: int = env("EXPORT_PENDING_ROWS", 500_000, "rows waiting for the encoder before new ones are "
+                            "dropped (counted)", gt=0)
+
+
 class AnalysisSettings(Section):
     interval_s: float = env("ANALYSIS_INTERVAL_S", 60.0, "seconds between analysis passes (beat and `gpufleet up`)",
                             gt=0)
@@ -162,6 +181,7 @@ SECTIONS: dict[str, type[Section]] = {
     "auth": AuthSettings,
     "collector": CollectorSettings,
     "maintenance": MaintenanceSettings,
+    "export": ExportSettings,
     "analysis": AnalysisSettings,
     "alerts": AlertsSettings,
     "grafana": GrafanaSettings,
@@ -217,6 +237,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = _section("auth")
     collector: CollectorSettings = _section("collector")
     maintenance: MaintenanceSettings = _section("maintenance")
+    export: ExportSettings = _section("export")
     analysis: AnalysisSettings = _section("analysis")
     alerts: AlertsSettings = _section("alerts")
     grafana: GrafanaSettings = _section("grafana")

@@ -11,6 +11,8 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from gpufleet.storage.dialect import is_sqlite
+
 DEFAULT_DATA_DIR = Path("./gpufleet-data")
 
 
@@ -29,10 +31,6 @@ def normalise(url: str) -> str:
     if u.drivername in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+psycopg")
     return u.render_as_string(hide_password=False)
-
-
-def is_sqlite(url: str) -> bool:
-    return make_url(url).get_backend_name() == "sqlite"
 
 
 def asyncpg_dsn(url: str) -> str:

@@ -12,6 +12,7 @@ import msgspec
 import numpy as np
 from sqlalchemy import Connection, and_, bindparam, case, literal_column, select, update
 
+from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.dimensions import insert_for
 from gpufleet.storage.models import Allocation, Job
 from gpufleet.storage.prepared import Prepared
@@ -94,7 +95,7 @@ def allocations(conn: Connection, preps: list[Prepared], active: list[int], cids
     at = Allocation.__table__
     gpus = sorted(runs)
     # Raw SQL with one array parameter: an IN list of thousands of GPUs is slow to compile.
-    if conn.dialect.name == "postgresql":
+    if is_postgres(conn):
         q = ("SELECT id, gpu_pk, job_pk, start_ts FROM allocations WHERE end_ts IS NULL "
              "AND gpu_pk = ANY(%s::int4[]) ORDER BY gpu_pk, start_ts")
         rows = conn.exec_driver_sql(q, (gpus,)).all()

@@ -8,13 +8,15 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from gpufleet.storage.dialect import is_postgres
+
 
 def ledger_insert(conn: Connection, ledger: list[dict[str, Any]]) -> set[tuple[str, int]]:
     """Insert idempotency keys; returns those that were new (not stored before)."""
     cols = ("boot_id", "seq", "node_id", "received_at", "rows")
     vals = [[r[c] for r in ledger] for c in cols]
     tail = "ON CONFLICT (boot_id, seq) DO NOTHING RETURNING boot_id, seq"
-    if conn.dialect.name == "postgresql":
+    if is_postgres(conn):
         sql = (f"INSERT INTO ingest_batches ({', '.join(cols)}) SELECT * FROM "
                f"unnest(%s::text[], %s::int8[], %s::int4[], %s::float8[], %s::int4[]) {tail}")
         rows = conn.exec_driver_sql(sql, tuple(vals)).all()

@@ -11,6 +11,7 @@ import numpy as np
 from sqlalchemy import Connection
 
 from gpufleet.storage.copy_encoding import SAMPLE_COLUMNS, copy_buffer
+from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.fields import IS_I8, NF
 
 COPY_SQL = f"COPY gpu_samples ({', '.join(SAMPLE_COLUMNS)}) FROM STDIN WITH (FORMAT binary)"
@@ -21,7 +22,7 @@ _INSERT_SQL = (f"INSERT INTO gpu_samples ({', '.join(SAMPLE_COLUMNS)}) "
 def insert_samples(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> None:
     if not len(ts):
         return
-    if conn.dialect.name == "postgresql":
+    if is_postgres(conn):
         buf = copy_buffer(ts, gpu_pk, job_pk, vals)
         raw = conn.connection.driver_connection
         with raw.cursor() as cur, cur.copy(COPY_SQL) as cp:  # type: ignore[union-attr]

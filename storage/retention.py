@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, Engine, text
 
+from gpufleet.storage.dialect import is_postgres
+
 log = logging.getLogger(__name__)
 
 DAY = 86400
@@ -51,10 +53,6 @@ def days_of(ts: Any) -> set[int]:
 
 def partition_name(table: str, day: int) -> str:
     return f"{table}_p{dt.datetime.fromtimestamp(day, dt.UTC):%Y%m%d}"
-
-
-def is_postgres(conn: Connection | Engine) -> bool:
-    return conn.dialect.name == "postgresql"
 
 
 def forget(url: str | None = None) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection
 
+from gpufleet.storage.dialect import dialect_of
 from gpufleet.storage.fields import FIELDS, NAMES, NF, ROLLUP
 from gpufleet.storage.pg_arrays import execute_prepared, pg_array, pg_float_arrays
 
@@ -135,7 +136,7 @@ def upsert_rollup(conn: Connection, table: Any, key_col: str, keys: np.ndarray, 
                    n: np.ndarray, last_ts: np.ndarray, agg: np.ndarray, carry: np.ndarray | None) -> None:
     if not len(keys):
         return
-    dialect = conn.dialect.name
+    dialect = dialect_of(conn)
     ck = (dialect, table.name, key_col)
     sql = _SQL_CACHE.get(ck)
     if sql is None:

@@ -23,7 +23,7 @@ FOLDERS = {
 }
 # Contracts that every part reads; they import nothing of the project.
 CORE = {"gpufleet", "gpufleet.catalog", "gpufleet.protocol", "gpufleet.dcgm", "gpufleet.flagkinds",
-        "gpufleet.progress", "gpufleet.progress_fold"}
+        "gpufleet.progress", "gpufleet.progress_fold", "gpufleet.durations"}
 TOP = ("gpufleet.cli", "gpufleet.commands", "gpufleet.server", "gpufleet.celery_app", "gpufleet.gctune")
 # Server settings: read by every server-side part, never by the agent or storage.
 SETTINGS = "gpufleet.settings"

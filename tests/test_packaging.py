@@ -39,6 +39,16 @@ def test_agent_extra_pulls_no_server_packages(agent_venv: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+def test_test_scaffolding_is_not_in_the_wheel(agent_venv: Path) -> None:
+    """The fake NVML and the crash-injecting worker live under tests/, which the wheel leaves out."""
+    pkg = next((agent_venv / "lib").glob("python3*/site-packages/gpufleet"))
+    shipped = [str(p.relative_to(pkg)) for p in pkg.rglob("*.py")]
+    assert len(shipped) > 20  # the package is there: the check below is not vacuous
+    scaffolding = [s for s in shipped if "fake_nvml" in s or "crash_worker" in s or s.startswith(("tests/",
+                                                                                                   "agent/testing"))]
+    assert not scaffolding, scaffolding
+
+
 def test_agent_runs_simulated_once(agent_venv: Path, tmp_path: Path) -> None:
     exe = agent_venv / "bin" / "gpufleet"
     r = subprocess.run(

@@ -43,7 +43,9 @@ def test_every_variable_the_product_names_is_documented() -> None:
     for path in product_files():
         for name in VAR.findall(path.read_text()):
             named.setdefault(name, set()).add(str(path.relative_to(REPO)))
-    missing = {n: sorted(p) for n, p in named.items() if n not in table}
+    # A prefix (code building "GPUFLEET_EXPORT_" + name) counts when documented names carry it.
+    missing = {n: sorted(p) for n, p in named.items()
+               if n not in table and not any(t.startswith(n + "_") for t in table)}
     assert not missing, f"GPUFLEET_* variables named in code but not in the settings models/docs: {missing}"
 
 

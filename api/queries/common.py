@@ -6,7 +6,6 @@ import base64
 import binascii
 import json
 import math
-import re
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
+from gpufleet import durations
 from gpufleet.storage.models import Cluster, gpu_samples_1m
 
 DEFAULT_CLUSTER = "default"
@@ -23,8 +23,6 @@ LIVE_WINDOW_S = 300.0
 LIVE_FIELDS = ("sm_active", "tensor_active", "dram_active", "power_w", "temp_c", "sm_clock_mhz",
                "fb_used_bytes", "fb_total_bytes", "clock_event_reasons")
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 class BadRequest(ValueError):
@@ -36,10 +34,10 @@ def now() -> float:
 
 
 def parse_duration(text: str, *, name: str = "window", max_s: float = 90 * 86400) -> float:
-    m = _DURATION.match(text)
-    if not m:
-        raise BadRequest(f"{name}={text!r}: use a duration like 30m, 24h or 7d")
-    secs = float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        secs = durations.parse_duration(text)  # the one grammar (gpufleet/durations.py)
+    except ValueError:
+        raise BadRequest(f"{name}={text!r}: use a duration like 30m, 24h or 7d") from None
     if not 0 < secs <= max_s:
         raise BadRequest(f"{name}={text!r}: must be between 1s and {max_s / 86400:g}d")
     return secs

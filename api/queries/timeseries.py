@@ -14,6 +14,7 @@ from sqlalchemy import ColumnElement, Integer, cast, func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.catalog import CATALOG
+from gpufleet.storage.dialect import is_sqlite
 from gpufleet.storage.models import Job, gpu_samples_1m, job_samples_1m
 
 from .common import BadRequest, now
@@ -31,7 +32,7 @@ def _agg(field: str, col: Any) -> Any:
 
 
 def _bucket(session: Session, step: int, col: Any) -> ColumnElement[Any]:
-    if session.get_bind().dialect.name == "sqlite":
+    if is_sqlite(session):
         # buckets are positive, so truncation is floor
         return cast(col / step, Integer) * step
     return func.floor(col / step) * step

@@ -83,7 +83,9 @@ def run_scenario(kind: str, cycles: int, collector: str) -> dict[str, float]:
     if kind == "fake-nvml":
         from gpufleet.agent.attribution.slurm import SlurmAttributor
         from gpufleet.agent.sources.nvml import NvmlSource
-        from gpufleet.agent.testing.fake_nvml import FakeNvml, h100
+        # The fake NVML is test scaffolding (tests/support), not part of the product.
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.support.fake_nvml import FakeNvml, h100
 
         proc = tmp / "proc"
         gpus = [h100(i) for i in range(8)]

@@ -2,7 +2,7 @@
 sampled, which fields were not available, and what one cycle costs.
 
 NOT YET RUN ON HARDWARE (no GPU machine was available when it was written); the fake
-NVML in gpufleet.agent.testing models the same calls. Run it on a GPU node:
+NVML in tests/support/fake_nvml.py models the same calls. Run it on a GPU node:
 
     .venv/bin/python bench/agent/nvml_real_gpu.py            # 30 cycles at 1 Hz
     .venv/bin/python bench/agent/nvml_real_gpu.py --quick    # 5 cycles
@@ -19,6 +19,7 @@ import resource
 import sys
 import threading
 import time
+from pathlib import Path
 
 IB_FIELDS = {"ib_tx_bytes_s", "ib_rx_bytes_s"}
 
@@ -50,7 +51,9 @@ def main() -> int:
 
     module = None
     if args.fake:
-        from gpufleet.agent.testing.fake_nvml import FakeNvml, a100, h100
+        # The fake NVML is test scaffolding (tests/support), not part of the product.
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.support.fake_nvml import FakeNvml, a100, h100
 
         module = FakeNvml([h100(0), h100(1), a100(2, mig=True)])
     src = NvmlSource(module)

@@ -153,8 +153,9 @@ def run(args: argparse.Namespace) -> int:
         from gpufleet.commands._db import settings_from_args
 
         data = settings_from_args(args).model_dump(mode="json")
-        if data["alerts"]["slack_webhook_url"]:
-            data["alerts"]["slack_webhook_url"] = "***"
+        for section, key in (("alerts", "slack_webhook_url"), ("export", "token")):
+            if data[section][key]:
+                data[section][key] = "***"
         print(_PASSWORD.sub(r"\1***@", json.dumps(data, indent=2)))
         return 0
     if cmd != "docs":

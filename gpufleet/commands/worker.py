@@ -4,6 +4,7 @@ this host's share of database housekeeping (``storage.maintenance``) in a backgr
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
     if args.beat:
         argv += ["--beat", f"--schedule={schedule_path(args, settings)}"]
     engine = make_engine(settings.database_url())
-    # In the main process only: prefork children are forked before this thread starts? No:
-    # Celery forks its pool inside worker_main, after this; a thread does not survive fork,
-    # and the engine's pool is not used by the children (tasks open their own engine).
+    # Housekeeping runs in this (main) process. Celery forks its pool inside worker_main, after
+    # the thread starts: a child gets no thread, and must not close the parent's pooled
+    # connections it inherited (SQLAlchemy's advice for fork); tasks open their own engine.
+    os.register_at_fork(after_in_child=lambda: engine.dispose(close=False))
     with MaintenanceLoop(engine, settings.maintenance):
         app.worker_main(argv)
     engine.dispose()

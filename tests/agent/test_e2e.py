@@ -11,8 +11,8 @@ from gpufleet.agent.attribution.slurm import SlurmAttributor
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.agent.sources.dcgm_exporter import DcgmExporterSource
 from gpufleet.agent.sources.nvml import NvmlSource
-from gpufleet.agent.testing.fake_nvml import FakeNvml, a100, h100
 
+from ..support.fake_nvml import FakeNvml, a100, h100
 from .conftest import TickClock
 from .test_attribution import CG_V1, fake_proc
 from .test_dcgm_exporter import Exporter

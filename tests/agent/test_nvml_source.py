@@ -10,8 +10,9 @@ import pytest
 
 from gpufleet.agent.sources.nvml import NvmlSource
 from gpufleet.agent.sources.nvml_lib import NvmlUnavailable
-from gpufleet.agent.testing.fake_nvml import FakeNvml, a100, h100, h200
 from gpufleet.catalog import CATALOG
+
+from ..support.fake_nvml import FakeNvml, a100, h100, h200
 
 
 class Clock:

@@ -16,9 +16,9 @@ from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.agent.simulator import SimulatedFleet
 from gpufleet.agent.sources.nvml import NvmlSource
 from gpufleet.agent.spool import Spool
-from gpufleet.agent.testing.fake_nvml import FakeNvml, h100
 from gpufleet.protocol import Batch, decode
 
+from ..support.fake_nvml import FakeNvml, h100
 from .conftest import TickClock
 from .test_attribution import CG_V2, fake_proc
 

@@ -13,9 +13,9 @@ from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.agent.sources.nic_health import NicHealthSampler, parse_rate, parse_state
 from gpufleet.agent.sources.nvml import NvmlSource
 from gpufleet.agent.spool import Spool
-from gpufleet.agent.testing.fake_nvml import FakeNvml, h100
 from gpufleet.protocol import Batch, decode
 
+from ..support.fake_nvml import FakeNvml, h100
 from .fabric_model import Fabric, NicFault, NodeSysfs, TrainingJob
 
 T0 = 1_764_583_200.0
