@@ -36,9 +36,21 @@ class RowSource:
     job_user: dict[str, str | None]
 
 
-def samples_bytes(ts_ms: np.ndarray, values: np.ndarray) -> bytes:
-    """Encoded Sample fields (tag, length, message) for aligned int64 ms / float64 arrays."""
-    n = len(ts_ms)
+def _ts_varints(ts_ms: np.ndarray) -> np.ndarray:
+    """(n, 6) uint8: the 6-byte varints of ms timestamps in [2^35, 2^42)."""
+    t = ts_ms.astype(np.uint64)
+    out = np.empty((len(t), 6), np.uint8)
+    for k in range(6):
+        b = (t >> np.uint64(7 * k)) & np.uint64(0x7F)
+        out[:, k] = b | np.uint64(0x80) if k < 5 else b
+    return out
+
+
+def samples_bytes(ts_ms: np.ndarray, values: np.ndarray, rows: np.ndarray | None = None) -> bytes:
+    """Encoded Sample fields (tag, length, message) for aligned int64 ms / float64 arrays; with
+    ``rows``, ``ts_ms`` holds one timestamp per row and sample i has timestamp ts_ms[rows[i]]
+    (a batch has far fewer rows than samples: the varints are computed per row)."""
+    n = len(values)
     if n and int(ts_ms.min()) >= _LO and int(ts_ms.max()) < _HI:
         buf = np.empty((n, 18), np.uint8)
         buf[:, 0] = 0x12
@@ -46,12 +58,11 @@ def samples_bytes(ts_ms: np.ndarray, values: np.ndarray) -> bytes:
         buf[:, 2] = 0x09
         buf[:, 3:11] = np.ascontiguousarray(values, dtype="<f8").view(np.uint8).reshape(n, 8)
         buf[:, 11] = 0x10
-        t = ts_ms.astype(np.uint64)
-        for k in range(6):
-            b = (t >> np.uint64(7 * k)) & np.uint64(0x7F)
-            buf[:, 12 + k] = b | np.uint64(0x80) if k < 5 else b
+        tv = _ts_varints(ts_ms)
+        buf[:, 12:18] = tv if rows is None else tv[rows]
         return buf.tobytes()
-    return b"".join(wire.encode_sample(int(t), float(v)) for t, v in zip(ts_ms, values, strict=True))
+    tsv = ts_ms if rows is None else ts_ms[rows]
+    return b"".join(wire.encode_sample(int(t), float(v)) for t, v in zip(tsv, values, strict=True))
 
 
 class Encoder:
@@ -67,6 +78,7 @@ class Encoder:
         self.fields = [(_NAMES.index(f), f) for f in names]
         self.labels = tuple(labels)
         self._cache: dict[tuple[str, str, str, str | None, str], bytes] = {}
+        self._prefix: dict[tuple[tuple[str, str, str, str | None], int, int], bytes] = {}
         self.max_cached = max_cached
 
     def _labels(self, src: RowSource, uuid: str, job: str | None, field: str) -> bytes:
@@ -84,34 +96,64 @@ class Encoder:
         return hit
 
     def series(self, src: RowSource) -> tuple[list[bytes], int]:
-        """Encoded TimeSeries messages (each with its field-1 tag) and their sample count."""
-        groups: dict[tuple[str, str | None], list[int]] = {}
-        for i, key in enumerate(zip(src.gpu, src.job, strict=True)):
-            g = groups.get(key)
-            if g is None:
-                groups[key] = [i]
+        """Encoded TimeSeries messages (each with its field-1 tag) and their sample count.
+
+        Vectorised over the whole batch: rows sorted by (GPU, job) make every series' samples
+        one contiguous run of the field's column, so all samples of all series are encoded by
+        one array operation and each series is a slice of that buffer."""
+        n = len(src.ts)
+        if not n:
+            return [], 0
+        keys: dict[tuple[str, str | None], int] = {}
+        gid = np.fromiter((keys.setdefault(k, len(keys)) for k in zip(src.gpu, src.job, strict=True)),
+                          dtype=np.int64, count=n)
+        order = np.argsort(gid, kind="stable")
+        gsorted = gid[order]
+        ts_ms = np.rint(np.asarray(src.ts, dtype=np.float64)[order] * 1000.0).astype(np.int64)
+        rows = [j for j, _ in self.fields]
+        vals = src.vals[rows][:, order]  # (exported fields, n), rows grouped by series
+        ok = ~np.isnan(vals)
+        if not ok.any():
+            return [], 0
+        fi, ri = np.nonzero(ok)  # field-major: series (field, group) are contiguous runs
+        buf = samples_bytes(ts_ms, vals[fi, ri], ri)
+        series_id = fi * len(keys) + gsorted[ri]
+        cuts = np.flatnonzero(np.diff(series_id)) + 1
+        starts = np.concatenate(([0], cuts))
+        ends = np.concatenate((cuts, [len(series_id)]))
+        fixed = len(buf) == 18 * len(series_id)
+        per = None if fixed else [wire.encode_sample(int(t), float(v))
+                                  for t, v in zip(ts_ms[ri], vals[fi, ri], strict=True)]
+        groups = list(keys)
+        ng = len(groups)
+        gkeys = [(src.cluster, src.node, u, j) for u, j in groups]
+        parts: list[bytes] = []
+        prefix = self._prefix
+        sids = series_id[starts].tolist()
+        for a, b, sid in zip(starts.tolist(), ends.tolist(), sids, strict=True):
+            f, g = divmod(sid, ng)
+            key = (gkeys[g], f, b - a)
+            head = prefix.get(key)
+            if fixed:
+                if head is None:  # tag + length + labels: the same for every batch of this shape
+                    uuid, job = groups[g]
+                    labels = self._labels(src, uuid, job, self.fields[f][1])
+                    head = self._head(labels, 18 * (b - a)) + labels
+                    if len(prefix) >= self.max_cached:
+                        prefix.clear()
+                    prefix[key] = head
+                parts.append(head)
+                parts.append(buf[18 * a:18 * b])
             else:
-                g.append(i)
-        ts_ms = np.rint(np.asarray(src.ts, dtype=np.float64) * 1000.0).astype(np.int64)
-        out: list[bytes] = []
-        count = 0
-        for (uuid, job), rows in groups.items():
-            idx = np.asarray(rows)
-            t = ts_ms[idx]
-            for j, name in self.fields:
-                v = src.vals[j, idx]
-                ok = ~np.isnan(v)
-                if not ok.any():
-                    continue
-                if not ok.all():
-                    body = samples_bytes(t[ok], v[ok])
-                    k = int(ok.sum())
-                else:
-                    body = samples_bytes(t, v)
-                    k = len(v)
-                msg = self._labels(src, uuid, job, name) + body
-                head = bytearray(b"\x0a")
-                wire.put_varint(head, len(msg))
-                out.append(bytes(head) + msg)
-                count += k
-        return out, count
+                uuid, job = groups[g]
+                labels = self._labels(src, uuid, job, self.fields[f][1])
+                body = b"".join(per[a:b])  # type: ignore[index]
+                parts.append(self._head(labels, len(body)) + labels)
+                parts.append(body)
+        return [b"".join(parts)], len(series_id)
+
+    @staticmethod
+    def _head(labels: bytes, body_len: int) -> bytes:
+        h = bytearray(b"\x0a")
+        wire.put_varint(h, len(labels) + body_len)
+        return bytes(h)
