@@ -93,6 +93,11 @@ def batches_for(jobs: list[RenderedJob], *, cluster: str = "default") -> list[An
                 gpu_infos.append(GpuInfo(index=s.index, uuid=s.uuid, model=s.device.model,
                                          mig_profile=s.device.mig_profile, parent_uuid=s.parent_uuid,
                                          memory_total_bytes=s.device.memory_total_bytes))
+                # Events travel whether or not the GPU still samples: an XID 79 is the last
+                # thing a GPU that fell off the bus says.
+                for et, kind, code, msg in rj.spec.truths[k].events:
+                    if t <= rj.t0 + et < t_end:
+                        events.append(Event(ts=rj.t0 + et, kind=kind, gpu_uuid=s.uuid, code=code, message=msg))
                 if not m.any():
                     continue
                 rows.append((s.uuid, rj.spec.job_id, r, m))
@@ -100,13 +105,10 @@ def batches_for(jobs: list[RenderedJob], *, cluster: str = "default") -> list[An
                 meta.setdefault("start_ts", rj.t0)
                 job_infos[rj.spec.job_id] = JobInfo(job_id=rj.spec.job_id, **meta)
                 allocs.append(Allocation(gpu_uuid=s.uuid, job_id=rj.spec.job_id, since=rj.t0))
-                for et, kind, code, msg in rj.spec.truths[k].events:
-                    if t <= rj.t0 + et < t_end:
-                        events.append(Event(ts=rj.t0 + et, kind=kind, gpu_uuid=s.uuid, code=code, message=msg))
-            if rows:
+            if rows or events:
                 out.append(Batch(agent=AgentInfo(boot_id=boot, seq=seq, node=node, cluster=cluster, version="realworld",
                                                  sent_at=t_end), gpus=gpu_infos, jobs=list(job_infos.values()),
-                                 allocations=allocs, events=events, packed=_packed(rows)))
+                                 allocations=allocs, events=events, packed=_packed(rows) if rows else None))
                 seq += 1
             t = t_end
     return out

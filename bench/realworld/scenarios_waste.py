@@ -87,7 +87,7 @@ def launch_bound_small_batch(rng: np.random.Generator, seed: int) -> list[JobSpe
     return [job(stable_id("lowsm", seed), meta, d, sl, tr, expect(["low_sm_activity"]), "launch bound")]
 
 
-@scenario("bursty_low_duty", requires=["low_sm_activity"], allows=["input_stall"], intervals=(1, 10, 15, 30, 60),
+@scenario("bursty_low_duty", requires=["low_sm_activity"], intervals=(1, 10, 15, 30, 60),
           why="A job that bursts for 2-6 s every 30-60 s and averages ~10% SM wastes 90% of its GPUs at every sampling "
           "interval, including the 15 s that let it escape every rule before.")
 def bursty_low_duty(rng: np.random.Generator, seed: int) -> list[JobSpec]:
@@ -103,7 +103,10 @@ def bursty_low_duty(rng: np.random.Generator, seed: int) -> list[JobSpec]:
                     {"duty": 0.0}, period_s=period, busy_share=share)
         g.memory(0, d, float(rng.uniform(12, 24)) * GIB)
     meta = slurm("rl-actor-learner", user=str(rng.choice(USERS)), ntasks=2)
-    return [job(stable_id("bursty", seed), meta, d, sl, tr, expect(["low_sm_activity"], ["input_stall"]), "bursty")]
+    # Kinds are explanations (docs/goodput.md): an input stall that explains the low activity
+    # is as good a diagnosis as low_sm_activity; what may not happen is no flag at all.
+    labels = expect(any_of=[["low_sm_activity", "input_stall"]])
+    return [job(stable_id("bursty", seed), meta, d, sl, tr, labels, "bursty")]
 
 
 @scenario("fp32_no_tensor_cores", requires=["no_tensor_cores"],
