@@ -64,7 +64,7 @@ class _File:
 
 class InspectorSource:
     def __init__(self, root: Path, state_path: Path, *, hostname: str | None = None, proc_root: Path = Path("/proc"),
-                 max_bytes_per_poll: int = 32 << 20, grace_s: float = GRACE_S, window_s: float = WINDOW_S,
+                 max_bytes_per_poll: int = 8 << 20, grace_s: float = GRACE_S, window_s: float = WINDOW_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.root = Path(root)
         self.state_path = Path(state_path)
