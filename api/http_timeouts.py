@@ -12,9 +12,10 @@ sends one header byte every few seconds holds a connection (and a file descripto
 * Body: ``BodyTimeout``, an ASGI middleware around the app, answers 408 and closes the connection;
   the app sees a disconnect and stops reading.
 
-The limits come from ``ReadTimeouts.from_env()`` (``GPUFLEET_HTTP_HEADER_TIMEOUT_S``,
-``GPUFLEET_HTTP_BODY_IDLE_S``, ``GPUFLEET_HTTP_BODY_MIN_RATE``, ``GPUFLEET_HTTP_BODY_GRACE_S``), read
-where each server process starts (``serve --workers N`` forks processes that import this anew).
+The limits come from the settings' ``http`` section (``GPUFLEET_HTTP_HEADER_TIMEOUT_S``,
+``GPUFLEET_HTTP_BODY_IDLE_S``, ``GPUFLEET_HTTP_BODY_MIN_RATE``, ``GPUFLEET_HTTP_BODY_GRACE_S``):
+``server.serving_app`` builds ``BodyTimeout`` from them, which also sets the header deadline of the
+process it runs in (each ``serve --workers N`` worker builds its own app).
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ class ReadTimeouts:
     body_idle_s: float = 30.0
     body_min_rate: float = 1024.0  # bytes/s on average once body_grace_s has passed
     body_grace_s: float = 60.0
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ReadTimeouts:
+        """From the settings' ``http`` section; from the environment when it predates these fields."""
+        http = getattr(settings, "http", None)
+        if http is None or not hasattr(http, "header_timeout_s"):
+            return cls.from_env()
+        return cls(header_timeout_s=http.header_timeout_s, body_idle_s=http.body_idle_s,
+                   body_min_rate=http.body_min_rate, body_grace_s=http.body_grace_s)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ReadTimeouts:
@@ -71,7 +81,7 @@ class _HeaderDeadline:
     """Mixin over a uvicorn HTTP protocol. The timer runs while the server waits for a request's
     headers; it is cancelled as soon as they are complete (a request cycle exists)."""
 
-    header_timeout_s: float = ReadTimeouts.from_env().header_timeout_s
+    header_timeout_s: float = ReadTimeouts().header_timeout_s  # set_header_timeout() changes it per process
     _header_timer: asyncio.TimerHandle | None = None
     _got_bytes = False  # of a request, since the timer was armed
     timed_out = 0  # connections closed for slow headers, all protocols of this process
@@ -134,9 +144,16 @@ else:  # pragma: no cover - httptools missing
     TimedHttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 
-def http_protocol() -> type[asyncio.Protocol]:
-    """The timed twin of what uvicorn's ``http="auto"`` would choose (httptools when installed)."""
+def http_protocol(timeouts: ReadTimeouts | None = None) -> type[asyncio.Protocol]:
+    """The timed twin of what uvicorn's ``http="auto"`` would choose (httptools when installed).
+    ``timeouts`` sets this process's header deadline (``serving_app`` does, in every worker)."""
+    if timeouts is not None:
+        set_header_timeout(timeouts.header_timeout_s)
     return TimedHttpToolsProtocol or TimedH11Protocol  # type: ignore[return-value]
+
+
+def set_header_timeout(seconds: float) -> None:
+    _HeaderDeadline.header_timeout_s = seconds
 
 
 # --- body ----------------------------------------------------------------------------------
@@ -150,6 +167,7 @@ class BodyTimeout:
         self.app = app
         self.t = timeouts or ReadTimeouts.from_env()
         self.timed_out = 0
+        set_header_timeout(self.t.header_timeout_s)  # one process, one set of limits
 
     def __getattr__(self, name: str) -> Any:  # state, router, ... of the wrapped app (tests use them)
         return getattr(self.app, name)

@@ -72,6 +72,9 @@ def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifesp
     from gpufleet.api.validation_errors import install as install_validation_errors
 
     install_validation_errors(app)  # a 422 that echoes hostile input must not become a 500
+    from gpufleet.api.database_unavailable import install as install_database_unavailable
+
+    install_database_unavailable(app)  # database down: a JSON 503 + Retry-After, not a 500 per request
     # Host/Origin checks, session or SSO identity, CSRF (api/auth); serving_app puts the same
     # guard ahead of the ingest front too, and it runs once per request.
     app.add_middleware(WebGuard, state_app=app)
@@ -83,13 +86,14 @@ def serving_app(settings: Settings | None = None, *, extra_lifespans: list[Lifes
     behind the ingest front. Lifespan, the API, the web UI and non-POST ingest requests reach the
     FastAPI app unchanged."""
     from gpufleet.api.auth.middleware import WebGuard
-    from gpufleet.api.http_timeouts import BodyTimeout
+    from gpufleet.api.http_timeouts import BodyTimeout, ReadTimeouts
     from gpufleet.collector.front import IngestFront
 
     app = create_app(settings, extra_lifespans=extra_lifespans)
     # Outermost: a stalled request body gets 408 before any part waits on it (slowloris); then
     # the Host/Origin guard, for the ingest front's requests as well.
-    return BodyTimeout(WebGuard(IngestFront(app), state_app=app))  # type: ignore[return-value]
+    return BodyTimeout(WebGuard(IngestFront(app), state_app=app),  # type: ignore[return-value]
+                       ReadTimeouts.from_settings(app.state.settings))
 
 
 def server_process_app(settings: Settings) -> IngestFront:

@@ -1,6 +1,7 @@
-"""Settings of the browser-facing auth layer. They belong in the server Settings' ``auth``
-section; until they move there they are read here, from the same ``GPUFLEET_*`` variables, so
-moving them changes no deployment."""
+"""Settings of the browser-facing auth layer, parsed: the server Settings' ``auth`` section holds
+them as plain strings (``GPUFLEET_ALLOWED_HOSTS``, ``GPUFLEET_TRUSTED_PROXIES``, ...); this turns
+them into networks, a group->role map and lower-cased header names, with errors that name the
+variable. ``from_env`` reads the same variables directly (for a Settings without the fields)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,21 @@ class WebAuthConfig:
     group_roles: dict[str, str] = field(default_factory=dict)
     # the host of public_url and the listen address join allowed_hosts
     implied_hosts: tuple[str, ...] = ()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> WebAuthConfig:
+        """From the settings' ``auth`` section (the same GPUFLEET_* variables), parsed and checked;
+        from the environment when the section predates these fields."""
+        auth = getattr(settings, "auth", None)
+        if auth is None or not hasattr(auth, "trusted_proxies"):
+            return cls.from_env(settings=settings)
+        values = {"GPUFLEET_ALLOWED_HOSTS": auth.allowed_hosts, "GPUFLEET_SESSION_TTL_S": str(auth.session_ttl_s),
+                  "GPUFLEET_COOKIE_SECURE": auth.cookie_secure, "GPUFLEET_TRUSTED_PROXIES": auth.trusted_proxies,
+                  "GPUFLEET_PROXY_USER_HEADER": auth.proxy_user_header,
+                  "GPUFLEET_PROXY_EMAIL_HEADER": auth.proxy_email_header,
+                  "GPUFLEET_PROXY_GROUPS_HEADER": auth.proxy_groups_header,
+                  "GPUFLEET_PROXY_GROUP_ROLES": auth.proxy_group_roles}
+        return cls.from_env(values, settings=settings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, settings: Any = None) -> WebAuthConfig:

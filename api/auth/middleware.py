@@ -122,6 +122,14 @@ class WebGuard:
 
 
 def web_auth_config(settings: Any) -> WebAuthConfig:
-    """From the environment (plus the public URL and listen address of ``settings``), until these
-    fields move into the settings' ``auth`` section."""
-    return WebAuthConfig.from_env(settings=settings)
+    """Parsed once per Settings object (the app's settings never change while it runs)."""
+    cached = _configs.get(id(settings))
+    if cached is None or cached[0] is not settings:
+        cached = (settings, WebAuthConfig.from_settings(settings))
+        if len(_configs) > 64:
+            _configs.clear()
+        _configs[id(settings)] = cached
+    return cached[1]
+
+
+_configs: dict[int, tuple[Any, WebAuthConfig]] = {}

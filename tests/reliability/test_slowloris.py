@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from gpufleet.api.http_timeouts import BodyTimeout, ReadTimeouts, TimedH11Protocol, TimedHttpToolsProtocol
+from gpufleet.api.http_timeouts import (
+    BodyTimeout,
+    ReadTimeouts,
+    TimedH11Protocol,
+    TimedHttpToolsProtocol,
+    set_header_timeout,
+)
 
 from ..agent.conftest import free_port, wait_port
 
@@ -51,8 +57,8 @@ async def _echo(scope, receive, send):  # type: ignore[no-untyped-def]
 @contextlib.contextmanager
 def _server(protocol: type, timeouts: ReadTimeouts) -> Iterator[int]:
     port = free_port()
-    protocol.header_timeout_s = timeouts.header_timeout_s  # type: ignore[attr-defined]
-    cfg = uvicorn.Config(BodyTimeout(_echo, timeouts), host="127.0.0.1", port=port, http=protocol,
+    app = BodyTimeout(_echo, timeouts)  # sets this process's header deadline too
+    cfg = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol,
                          log_level="warning", lifespan="on")
     server = uvicorn.Server(cfg)
     t = threading.Thread(target=server.run, daemon=True)
@@ -63,7 +69,7 @@ def _server(protocol: type, timeouts: ReadTimeouts) -> Iterator[int]:
     finally:
         server.should_exit = True
         t.join(10)
-        protocol.header_timeout_s = ReadTimeouts().header_timeout_s  # type: ignore[attr-defined]
+        set_header_timeout(ReadTimeouts().header_timeout_s)
 
 
 def _closed_by_server(s: socket.socket, within: float) -> tuple[bool, bytes]:
