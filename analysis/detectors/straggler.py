@@ -16,6 +16,7 @@ import numpy as np
 from ..config import KindConfig
 from ..windows import Detection, episode_mask, masked_median, share
 from .base import Finding, Found, JobView, make_finding, r3
+from .hw_fault import Config as FaultConfig
 
 KIND = "straggler"
 
@@ -53,14 +54,17 @@ class Deviant:
 
 
 def _errors(job: JobView, rows: np.ndarray) -> bool:
-    c = job.counters
-    r = np.flatnonzero(rows)
-    if not len(r):
-        return False
-    added = [np.nan_to_num(np.nanmax(hi[r], initial=0.0) - np.nanmin(lo[r], initial=0.0))
-             for hi, lo in ((c.ecc_max, c.ecc_min), (c.nvl_err_max, c.nvl_err_min))
-             if np.any(~np.isnan(hi[r])) and np.any(~np.isnan(lo[r]))]
-    return bool(np.nan_to_num(c.xid_crit[r]).any() or np.nan_to_num(c.remap_max[r]).any() or any(a > 0 for a in added))
+    """Errors a hardware fault would be raised on (critical XIDs, row remaps, new double-bit ECC,
+    NVLink CRC errors past hw_fault's threshold), per GPU: counters are cumulative and each GPU
+    has its own baseline."""
+    c, need_nvl = job.counters, job.th.get(FaultConfig).nvlink_errors_min
+    for i in np.flatnonzero(rows):
+        if np.nan_to_num(c.xid_crit[i]).any() or np.nan_to_num(c.remap_max[i]).any():
+            return True
+        for hi, lo, need in ((c.ecc_max[i], c.ecc_min[i], 1.0), (c.nvl_err_max[i], c.nvl_err_min[i], need_nvl)):
+            if np.any(~np.isnan(hi)) and np.any(~np.isnan(lo)) and np.nanmax(hi) - np.nanmin(lo) >= need:
+                return True
+    return False
 
 
 def deviants(job: JobView, cfg: Config) -> list[Deviant]:
