@@ -8,13 +8,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobReport, Node, gpu_samples_1m
 
-from .common import BadRequest, clean, decode_cursor, encode_cursor, live_values, now
+from .common import clean, live_values, now
 from .jobs import flag_dict
+from .paginate import Keyset
 
 TOP_N = 10
 
@@ -143,18 +144,11 @@ def list_flags(session: Session, *, open_: bool | None, kind: str | None, severi
     base = (select(Flag, Job.job_id, Job.user, Job.name.label("job_name"), Cluster.name.label("cluster"))
             .join(Job, Job.id == Flag.job_pk).join(Cluster, Cluster.id == Job.cluster_id).where(*conds))
     total = session.execute(select(func.count()).select_from(base.with_only_columns(Flag.id).subquery())).scalar_one()
-    after = decode_cursor(cursor, 2)
-    if after is not None:
-        w, fid = after
-        if not isinstance(w, (int, float)) or not isinstance(fid, int):
-            raise BadRequest("cursor is not one this API issued")
-        base = base.where(or_(Flag.wasted_gpu_hours < w, and_(Flag.wasted_gpu_hours == w, Flag.id < fid)))
-    rows = session.execute(base.order_by(Flag.wasted_gpu_hours.desc(), Flag.id.desc()).limit(limit + 1)).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
+    ks = Keyset(Flag.wasted_gpu_hours, Flag.id, (int, float), int, descending=True)
+    rows, nxt = ks.page(session.execute(ks.apply(base, cursor).limit(limit + 1)).all(), limit,
+                        lambda r: [r.Flag.wasted_gpu_hours, r.Flag.id])
     data = [{**flag_dict(r.Flag), "cluster": r.cluster, "job_id": r.job_id, "user": r.user, "job_name": r.job_name}
             for r in rows]
-    nxt = encode_cursor([rows[-1].Flag.wasted_gpu_hours, rows[-1].Flag.id]) if more and rows else None
     return {"data": data, "count": total, "next_cursor": nxt}
 
 

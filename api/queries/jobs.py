@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from sqlalchemy import and_, distinct, exists, func, or_, select
+from sqlalchemy import distinct, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobReport, Node, gpu_samples_1m, job_samples_1m
 
-from .common import DEFAULT_CLUSTER, BadRequest, clean, decode_cursor, encode_cursor, live_values, now
+from .common import DEFAULT_CLUSTER, clean, live_values, now
+from .paginate import Keyset
 
 JobSort = Literal["waste", "start", "gpus"]
 SUMMARY_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "power_w", "sm_clock_mhz")
@@ -62,19 +63,9 @@ def list_jobs(conn: Session, *, cluster: str | None = None, user: str | None = N
          .join(Cluster, Cluster.id == Job.cluster_id)
          .outerjoin(JobReport, JobReport.job_pk == Job.id).outerjoin(counts, counts.c.job_pk == Job.id)
          .where(*conds))
-    after = decode_cursor(cursor, 2)
-    if after is not None:
-        k, pk = after
-        if not isinstance(pk, int) or not isinstance(k, (int, float)):
-            raise BadRequest("cursor is not one this API issued")
-        if order == "desc":
-            q = q.where(or_(key < k, and_(key == k, Job.id < pk)))
-        else:
-            q = q.where(or_(key > k, and_(key == k, Job.id > pk)))
-    q = q.order_by(key.desc(), Job.id.desc()) if order == "desc" else q.order_by(key.asc(), Job.id.asc())
-    rows = conn.execute(q.limit(limit + 1)).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
+    ks = Keyset(key, Job.id, (int, float), int, descending=order == "desc")
+    rows, next_cursor = ks.page(conn.execute(ks.apply(q, cursor).limit(limit + 1)).all(), limit,
+                                lambda r: [r.sort_key, r.Job.id])
 
     pks = [r.Job.id for r in rows]
     flags: dict[int, list[dict[str, Any]]] = {pk: [] for pk in pks}
@@ -96,7 +87,6 @@ def list_jobs(conn: Session, *, cluster: str | None = None, user: str | None = N
             "tensor_active_mean": _stat(r.report, "tensor_active"),
             "flags": flags[j.id],
         })
-    next_cursor = encode_cursor([rows[-1].sort_key, rows[-1].Job.id]) if more and rows else None
     return {"data": data, "count": total, "next_cursor": next_cursor}
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.storage.models import Allocation, Cluster, Event, Gpu, Job, Node, gpu_samples_1m
 
-from .common import BadRequest, clean, decode_cursor, encode_cursor, live_values, now
+from .common import clean, live_values, now
+from .paginate import Keyset
 
 # nvmlClocksEventReasons bits that mean the GPU was slowed down (not idle/app-clock settings).
 THROTTLE_BITS = {
@@ -53,16 +54,10 @@ def list_nodes(session: Session, *, cluster: str | None, limit: int, cursor: str
         conds.append(Cluster.name == cluster)
     total = session.execute(select(func.count(Node.id)).join(Cluster, Cluster.id == Node.cluster_id)
                             .where(*conds)).scalar_one()
-    after = decode_cursor(cursor, 2)
     q = select(Node, Cluster.name.label("cluster")).join(Cluster, Cluster.id == Node.cluster_id).where(*conds)
-    if after is not None:
-        c, n = after
-        if not isinstance(c, str) or not isinstance(n, str):
-            raise BadRequest("cursor is not one this API issued")
-        q = q.where(or_(Cluster.name > c, and_(Cluster.name == c, Node.name > n)))
-    rows = session.execute(q.order_by(Cluster.name, Node.name).limit(limit + 1)).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
+    ks = Keyset(Cluster.name, Node.name, str, str)
+    rows, nxt = ks.page(session.execute(ks.apply(q, cursor).limit(limit + 1)).all(), limit,
+                        lambda r: [r.cluster, r.Node.name])
     node_ids = [r.Node.id for r in rows]
     gpus: dict[int, list[Gpu]] = {i: [] for i in node_ids}
     for i in range(0, len(node_ids), 900):
@@ -79,7 +74,6 @@ def list_nodes(session: Session, *, cluster: str | None, limit: int, cursor: str
         data.append({"cluster": r.cluster, "name": n.name, "agent_version": n.agent_version, "last_seen": n.last_seen,
                      "stale": n.last_seen is None or t - n.last_seen > 300, "labels": n.labels or {},
                      "gpus": [_gpu_dict(g, n.name, live, jobs) for g in gpus[n.id]]})
-    nxt = encode_cursor([rows[-1].cluster, rows[-1].Node.name]) if more and rows else None
     return {"data": data, "count": total, "next_cursor": nxt}
 
 
