@@ -21,7 +21,7 @@ from gpufleet import __version__
 
 STATIC = Path(__file__).with_name("static")
 OWN_FILES = {"app.js": "text/javascript", "app.css": "text/css", "favicon.svg": "image/svg+xml",
-             "collectives.js": "text/javascript"}
+             "collectives.js": "text/javascript", "goodput.js": "text/javascript"}
 UPLOT_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.iife.js": "text/javascript",
                "uPlot.min.css": "text/css"}
 # Same-origin only: no inline script, no third-party hosts. uPlot sets inline styles.
@@ -61,6 +61,7 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <script src="/static/uplot/{_uplot_js()}"></script>
 <script src="/static/auth/session.js?v={__version__}"></script>
 <script src="/static/collectives.js?v={__version__}"></script>
+<script src="/static/goodput.js?v={__version__}"></script>
 <script src="/static/app.js?v={__version__}"></script>
 </body></html>"""
     return HTMLResponse(body, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",

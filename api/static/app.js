@@ -162,6 +162,7 @@
         kpi("Tensor active 24 h", pct(s.window.tensor_active)),
         kpi("GPUs reporting", `${s.gpus_reporting} / ${s.gpus}`, `${s.nodes} nodes`),
         kpi("GPUs allocated", `${s.gpus_allocated}`),
+        ...(window.gpufleetFleetEttr ? [kpi("Fleet ETTR", ...window.gpufleetFleetEttr(s))] : []),
         kpi("Wasted GPU-h 24 h", gh(s.wasted_gpu_hours_total)),
         kpi("Open flags", `${Object.values(s.open_flags).reduce((a, b) => a + b, 0)}`,
           Object.entries(s.open_flags).map(([k, v]) => `${k}: ${v}`).join(", ")));
@@ -388,7 +389,8 @@
     const charts = h("div", { class: "charts", id: "charts" });
     const perGpu = h("div");
     const collEl = h("div", { id: "collectives" });  // filled by collectives.js (docs/nccl.md)
-    fill(root, header, kp, h("h2", {}, "Flags"), flagsEl, h("h2", {}, "Per GPU and job aggregate (bold)"), charts,
+    const goodEl = h("div", { id: "goodput" });  // filled by goodput.js (docs/progress.md)
+    fill(root, header, kp, h("h2", {}, "Goodput from the job's progress"), goodEl, h("h2", {}, "Flags"), flagsEl, h("h2", {}, "Per GPU and job aggregate (bold)"), charts,
       h("h2", {}, "Collectives and fabric"), collEl, h("h2", {}, "Per-GPU report"), perGpu);
 
     const current = new Map(j.gpus.map((g) => [g.uuid, g.current]));
@@ -418,6 +420,7 @@
       makeChart(b.spec, b, ts.t, lines, fmtv);
     }
     makeChart(linkBox.spec, linkBox, links.t, LINK_FIELDS.map(([f, label, color]) => ({ label, color, width: 1.5, values: links.aggregate[f] })), rate);
+    if (window.gpufleetGoodput) await window.gpufleetGoodput(goodEl, base, cluster, j).catch((e) => state.errors.push(String(e)));
     if (window.gpufleetCollectives) await window.gpufleetCollectives(collEl, base, cluster).catch((e) => state.errors.push(String(e)));
     state.step = ts.step;
     done();
