@@ -43,6 +43,7 @@ class Mapped:
     node: str
     job: JobInfo | None
     total_suffix: bool  # named *_total: a counter whatever the metadata says
+    rate_field: bool = False  # the catalog field is a rate (unit .../s): a counter becomes one
 
 
 # Why a series is ignored (the /metrics label and the answer's counts).
@@ -70,7 +71,8 @@ def map_series(labels: dict[str, str]) -> Mapped | str:
         node = node.rsplit(":", 1)[0]  # instance is host:port
     if not node:
         return NO_NODE
-    return Mapped(name, f, ident, node, dcgm.job_from_labels(labels), name.endswith("_total"))
+    return Mapped(name, f, ident, node, dcgm.job_from_labels(labels), name.endswith("_total"),
+                  f is not None and f.unit.endswith("/s"))
 
 
 class SeriesMap:
@@ -94,6 +96,11 @@ class SeriesMap:
 
     def __len__(self) -> int:
         return len(self._d)
+
+    @property
+    def known(self) -> dict[bytes, Mapped | str]:
+        """The cached label encodings (for ``wire.decode``'s fast path; read-only use)."""
+        return self._d
 
 
 @dataclass
@@ -165,7 +172,7 @@ def convert(req: WriteRequest, series_map: SeriesMap, rates: RateState, *, clust
         if node is None:
             node = nodes[m.node] = _Node()
         node.gpus.setdefault(uuid, m.gpu)
-        is_rate = f is not None and f.unit.endswith("/s") and (
+        is_rate = m.rate_field and (
             m.total_suffix or families.get(m.name, False) or families.get(m.name.removesuffix("_total"), False))
         for ts_ms, raw in s.samples:
             if raw != raw:  # NaN, Prometheus' staleness marker among them: no reading
@@ -194,7 +201,7 @@ def convert(req: WriteRequest, series_map: SeriesMap, rates: RateState, *, clust
                 value = (raw - prev[1]) / (t - prev[0]) * f.dcgm_scale
             else:
                 value = raw * f.dcgm_scale
-            if f.check(value) is not None or (f.dtype == "i8" and value != int(value)):
+            if not f.min <= value <= f.max or (f.dtype == "i8" and value != int(value)):
                 conv.dropped["outside_catalog_range"] += 1
                 continue
             key = (uuid, ts_ms)

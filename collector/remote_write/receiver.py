@@ -117,7 +117,7 @@ class Receiver:
             return body
         try:
             raw = wire.unsnappy(body, max_size=limit)
-            req = wire.decode(raw)
+            req = wire.decode(raw, self.series.known)
         except ProtocolError as e:
             return _answer(413 if "exceeds" in str(e) else 400, str(e))
         cfg = coll.config

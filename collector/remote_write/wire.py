@@ -17,7 +17,7 @@ recognised by a dict lookup, instead of building a Python object per label on ev
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import cramjam
@@ -97,11 +97,14 @@ def _skip(buf: bytes, pos: int, wire: int) -> int:
     raise ProtocolError(f"unsupported protobuf wire type {wire} at offset {pos}")
 
 
-def decode(raw: bytes) -> WriteRequest:
+def decode(raw: bytes, known: Container[bytes] = ()) -> WriteRequest:
     """A decompressed WriteRequest body; ProtocolError (400: never retried, the bytes will not
-    change) names the offset of what is malformed."""
+    change) names the offset of what is malformed. ``known``: label encodings seen before
+    (the receiver's series cache); a series made of one of them and a single sample is read
+    from its last 18 bytes without walking its labels (what nearly every series of a
+    Prometheus request is: one sample per series per send)."""
     try:
-        return _decode(raw)
+        return _decode(raw, known)
     except ProtocolError as e:
         raise ProtocolError(f"malformed WriteRequest protobuf: {e}") from None
     except IndexError:
@@ -110,22 +113,34 @@ def decode(raw: bytes) -> WriteRequest:
         raise ProtocolError("malformed WriteRequest protobuf: truncated inside a sample value") from None
 
 
-def _decode(raw: bytes) -> WriteRequest:
+def _decode(raw: bytes, known: Container[bytes]) -> WriteRequest:
     out = WriteRequest()
     series = out.series
     pos = 0
     end = len(raw)
+    unpack = _DOUBLE.unpack_from
     while pos < end:
         tag = raw[pos]
         if tag == 0x0A:  # timeseries (field 1, length-delimited): the common case, inlined
             b = raw[pos + 1]
             if b < 0x80:
                 n, pos = b, pos + 2
+            elif raw[pos + 2] < 0x80:  # 128..16383 bytes: a series with a dozen labels
+                n, pos = (b & 0x7F) | raw[pos + 2] << 7, pos + 3
             else:
                 n, pos = _varint(raw, pos + 1)
             stop = pos + n
             if stop > end:
                 raise ProtocolError(f"timeseries at offset {pos} runs past the end of the body")
+            t = stop - 18  # fast path: known labels + one sample {0x09 double, 0x10 6-byte varint ts}
+            if (n > 18 and raw[t] == 0x12 and raw[t + 1] == 0x10 and raw[t + 2] == 0x09 and raw[t + 11] == 0x10
+                    and raw[stop - 1] < 0x80 and (key := raw[pos:t]) in known):
+                ts = ((raw[t + 12] & 0x7F) | (raw[t + 13] & 0x7F) << 7 | (raw[t + 14] & 0x7F) << 14
+                      | (raw[t + 15] & 0x7F) << 21 | (raw[t + 16] & 0x7F) << 28 | raw[t + 17] << 35)
+                if raw[t + 12] & raw[t + 13] & raw[t + 14] & raw[t + 15] & raw[t + 16] & 0x80:
+                    series.append(Series(key, [(ts, unpack(raw, t + 3)[0])]))
+                    pos = stop
+                    continue
             series.append(_series(raw, pos, stop))
             pos = stop
             continue

@@ -92,3 +92,20 @@ def test_snappy_round_trip_and_a_bomb_is_refused_before_inflating() -> None:
         wire.unsnappy(bytes([20]) + b"\xff" * 10, max_size=100)
     with pytest.raises(ProtocolError, match="no length"):
         wire.unsnappy(b"", max_size=100)
+
+
+def test_the_known_series_fast_path_reads_exactly_what_the_full_walk_reads() -> None:
+    rng = random.Random(11)
+    for _ in range(200):
+        w = WriteRequest()
+        for _ in range(rng.randint(1, 30)):
+            ts = w.timeseries.add()
+            for n in sorted(rng.sample(["__name__", "UUID", "gpu", "Hostname", "x" * 150], rng.randint(0, 5))):
+                ts.labels.add(name=n, value=rng.choice(["", "a", "GPU-1", "\x12\x10\x09" * 7, "v" * 140]))
+            for _ in range(rng.choice([0, 1, 1, 1, 2])):
+                ts.samples.add(value=rng.choice([0.0, 1.5, -2.0, math.nan]),
+                               timestamp=rng.choice([1_790_000_000_123, 0, -5, 1 << 40, (1 << 35) - 1]))
+        raw = w.SerializeToString()
+        slow = wire.decode(raw)
+        known = {s.key for s in slow.series}
+        assert repr(wire.decode(raw, known)) == repr(slow)  # repr: NaN samples compare equal
