@@ -20,7 +20,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,9 @@ from realworld.feed import (
 )
 from realworld.library import REGISTRY
 from realworld.model import INTERVALS, JobSpec, instantiate
+from realworld.reference import reference_kinds
 from realworld.render import Rendered
-from realworld.score import Outcome, Problem, markdown, score
+from realworld.score import Outcome, Problem, fmt, markdown, score
 
 BASE_TS = 1_790_000_000.0  # a fixed past epoch: runs are reproducible; the collector's age limit does not apply
 
@@ -81,8 +82,17 @@ def _store(engine: Any, rendered: list[RenderedJob], workdir: Path, tag: str) ->
     return rows, newest
 
 
+@dataclass
+class IntervalResult:
+    outcomes: list[Outcome]  # what the engine raised, per job
+    deadline_problems: list[Problem]
+    deadline_checked: int
+    timing: dict[str, float]
+    reference: list[Outcome]  # what the GPU_UTIL rules conclude on the same samples
+
+
 def run_interval(interval: int, names: list[str], seeds: list[int] | None, workdir: Path,
-                 log: Any = None) -> tuple[list[Outcome], list[Problem], int, dict[str, float]]:
+                 log: Any = None) -> IntervalResult:
     from gpufleet.analysis.runner import run_analysis
 
     t0 = time.perf_counter()
@@ -91,6 +101,7 @@ def run_interval(interval: int, names: list[str], seeds: list[int] | None, workd
     labels: dict[str, tuple[str, int, JobSpec]] = {}
     rendered: list[RenderedJob] = []
     live: list[tuple[RenderedJob, str, float]] = []
+    ref: dict[str, list[str]] = {}
     for name in names:
         sc = REGISTRY[name]
         if interval not in sc.intervals:
@@ -103,6 +114,7 @@ def run_interval(interval: int, names: list[str], seeds: list[int] | None, workd
                 rng = np.random.default_rng([seed, interval, len(labels)])
                 rj = render_job(spec, base_ts=BASE_TS, interval_s=interval, rng=rng)
                 rendered.append(rj)
+                ref[spec.job_id] = reference_kinds(rj)
                 for kind, at in spec.expect(interval).deadline_s:
                     live.append((_truncate(rj, at), kind, at))
     t_gen = time.perf_counter()
@@ -113,12 +125,15 @@ def run_interval(interval: int, names: list[str], seeds: list[int] | None, workd
     t_an = time.perf_counter()
     jobs, flags, reports = read_back(engine)
     outcomes = []
+    reference = []
     for jid, (name, seed, spec) in labels.items():
         why = f"{REGISTRY[name].why} (this job: {spec.why})"
         outcomes.append(Outcome(name, seed, interval, jid, spec.expect(interval), why, flags.get(jid, []),
                                 reports.get(jid)))
         if jid not in jobs:
             outcomes[-1].flags = []
+        reference.append(Outcome(name, seed, interval, jid, spec.expect(interval), why,
+                                 [{"kind": k, "severity": "reference", "evidence": {}} for k in ref[jid]]))
     engine.dispose()
     # Deadlines: the same jobs cut at the deadline, analyzed "now = deadline" in their own DB.
     dproblems: list[Problem] = []
@@ -145,7 +160,7 @@ def run_interval(interval: int, names: list[str], seeds: list[int] | None, workd
             f"store {timing['store_s']:.1f} s, analyze {timing['analyze_s']:.1f} s, deadlines "
             f"{timing['deadline_s']:.1f} s"
             + (f"; analysis errors: {summary.errors[:3]}" if summary.errors else ""))
-    return outcomes, dproblems, len(live), timing
+    return IntervalResult(outcomes, dproblems, len(live), timing, reference)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,17 +188,25 @@ def main(argv: list[str] | None = None) -> int:
     dprob: list[Problem] = []
     dchecked = 0
     timings = {}
+    reference: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="gpufleet-realworld-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for iv in intervals:
-            o, dp, dc, tm = run_interval(iv, names, seeds, work, log=lambda m: print(m, file=sys.stderr, flush=True))
-            outcomes += o
-            dprob += dp
-            dchecked += dc
-            timings[iv] = tm
+            res = run_interval(iv, names, seeds, work, log=lambda m: print(m, file=sys.stderr, flush=True))
+            outcomes += res.outcomes
+            reference += res.reference
+            dprob += res.deadline_problems
+            dchecked += res.deadline_checked
+            timings[iv] = res.timing
     wall = time.perf_counter() - t0
     md = markdown(outcomes, dprob, deadline_checked=dchecked)
+    ref = score(reference)
+    md += ("\n\nReference on the same samples (GPU_UTIL rules as jobstats / Job Defense Shield apply them; it "
+           "cannot name the other kinds):\n\n| kind | recall | precision |\n|---|---:|---:|\n"
+           + "\n".join(f"| `{k}` | {fmt(ks.recall)} | {fmt(ks.precision)} |" for k, ks in ref.kinds.items()
+                       if ks.demanded or ks.raised)
+           + f"\n\nReference healthy jobs flagged: {ref.healthy_flagged} of {ref.healthy_jobs}.")
     cmd = "bench/realworld/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     head = (f"Real-world scenario library: {len(names)} scenarios, {len(outcomes)} job-runs over intervals "
             f"{', '.join(f'{i} s' for i in intervals)}; {wall:.0f} s wall (`{cmd.strip()}`).\n")

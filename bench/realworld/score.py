@@ -191,7 +191,7 @@ def by_interval(outcomes: list[Outcome]) -> dict[int, Score]:
     return {iv: score(v) for iv, v in sorted(groups.items())}
 
 
-def _f(x: float | None) -> str:
+def fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
@@ -204,8 +204,8 @@ def markdown(outcomes: list[Outcome], deadline_problems: list[Problem] | None = 
     for k, ks in total.kinds.items():
         if not (ks.demanded or ks.raised):
             continue
-        lines.append(f"| `{k}` | {ks.demanded} | {ks.hit} | {_f(ks.recall)} | {ks.raised} | {ks.correct} | "
-                     f"{_f(ks.precision)} |")
+        lines.append(f"| `{k}` | {ks.demanded} | {ks.hit} | {fmt(ks.recall)} | {ks.raised} | {ks.correct} | "
+                     f"{fmt(ks.precision)} |")
     lines += ["", "Per sampling interval (precision / recall per kind; healthy jobs flagged):", ""]
     ivs = list(per)
     lines.append("| kind | " + " | ".join(f"{iv} s" for iv in ivs) + " |")
@@ -216,8 +216,8 @@ def markdown(outcomes: list[Outcome], deadline_problems: list[Problem] | None = 
         cells = []
         for iv in ivs:
             ks = per[iv].kinds.get(k)
-            cells.append("-" if ks is None or not (ks.demanded or ks.raised) else f"{_f(ks.precision)} / "
-                                                                                  f"{_f(ks.recall)}")
+            cells.append("-" if ks is None or not (ks.demanded or ks.raised) else f"{fmt(ks.precision)} / "
+                                                                                  f"{fmt(ks.recall)}")
         lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
     lines.append("| healthy flagged | " + " | ".join(f"{per[iv].healthy_flagged}/{per[iv].healthy_jobs}" for iv in ivs)
                  + " |")

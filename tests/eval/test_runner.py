@@ -4,6 +4,7 @@ tables) and its scoring arithmetic is right. These tests do not assert the engin
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from realworld.model import expect
@@ -13,13 +14,16 @@ _spec = importlib.util.spec_from_file_location("realworld_run", Path(__file__).r
                                                / "realworld" / "run.py")
 assert _spec and _spec.loader
 runner = importlib.util.module_from_spec(_spec)
+sys.modules["realworld_run"] = runner  # dataclasses look their module up there
 _spec.loader.exec_module(runner)  # the runner script itself, as `python bench/realworld/run.py` runs it
 
 SUBSET = ["hung_collective", "idle_allocation", "imported_inference_pods", "mig_slice_inference"]
 
 
 def test_subset_end_to_end(tmp_path: Path):
-    outcomes, deadline_problems, deadline_checked, timing = runner.run_interval(60, SUBSET, [1], tmp_path)
+    res = runner.run_interval(60, SUBSET, [1], tmp_path)
+    outcomes, deadline_problems, deadline_checked, timing = (res.outcomes, res.deadline_problems,
+                                                             res.deadline_checked, res.timing)
     # every job of the subset comes back, stored and analyzed: hung (1) + idle (1) + 12 pods + 2 MIG pods
     assert len(outcomes) == 16 and timing["rows"] > 0 and timing["analysis_errors"] == 0
     assert {o.scenario for o in outcomes} == set(SUBSET)
@@ -30,6 +34,9 @@ def test_subset_end_to_end(tmp_path: Path):
     assert deadline_checked == 1 and len(deadline_problems) <= 1
     md = markdown(outcomes, deadline_problems, deadline_checked=deadline_checked)
     assert "| kind | demanded | caught |" in md and "60 s" in md
+    # the reference judged the same jobs: the idle allocation is idle by GPU_UTIL too
+    ref = {o.scenario: o.raised for o in res.reference}
+    assert len(res.reference) == 16 and ref["idle_allocation"] == {"idle_gpu"}
     assert (tmp_path / "iv60.db").exists() and (tmp_path / "iv60-live.db").exists()
 
 
