@@ -113,3 +113,15 @@ def test_link_errors_name_the_port(healthy: list[Any]) -> None:
     bad.counters["link_downed"] = 1.0
     (f,) = _run(view)
     assert (f.kind, f.scope, f.evidence["nic"], f.evidence["errors"]) == ("link_errors", "gpu-01", "mlx5_3/1", 41.0)
+
+
+def test_slack_names_the_node_and_link(faulty: list[Any]) -> None:
+    from gpufleet.alerts.config import AlertConfig
+    from gpufleet.alerts.decide import KindSummary
+    from gpufleet.alerts.facts import FlagFact
+    from gpufleet.alerts.render import flag_section
+
+    (net,) = [f for f in _run(view_of(faulty)) if f.kind == "network_degraded"]
+    fact = FlagFact(net.kind, net.scope, net.severity, net.wasted_gpu_hours, net.evidence, net.suggestion)
+    text = flag_section(AlertConfig(), KindSummary(net.kind, net.severity, (net.scope,), 0.0, (fact,)), True)["text"]
+    assert "gpu-02" in text["text"] and "nic=`mlx5_5/1`" in text["text"] and "rank=`21`" in text["text"]
