@@ -47,7 +47,7 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
     cfg = {"page": page, "args": args, "grafana": bool(settings.grafana.url), "version": __version__}
     nav = "".join(f'<a href="{href}"{" class=on" if key == page else ""}>{label}</a>'
                   for key, href, label in (("fleet", "/", "Fleet"), ("jobs", "/jobs", "Jobs"),
-                                           ("flags", "/flags", "Flags")))
+                                           ("flags", "/flags", "Flags"), ("silences", "/silences", "Silences")))
     body = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">

@@ -24,7 +24,7 @@ from .middleware import IDENTITY, SESSION, SSO, web_auth_config
 
 router = APIRouter(tags=["auth"])
 STATIC = Path(__file__).resolve().parents[1] / "static" / "auth"
-FILES = {"signin.js": "text/javascript", "session.js": "text/javascript"}
+FILES = {"signin.js": "text/javascript", "session.js": "text/javascript", "silences.js": "text/javascript"}
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 
@@ -144,6 +144,43 @@ It is exchanged for a session cookie and not kept in the browser.</p>
 </body></html>"""
     return HTMLResponse(body, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                                        "Cache-Control": "no-store", "Referrer-Policy": "same-origin"})
+
+
+@router.get("/silences", response_class=HTMLResponse, include_in_schema=False)
+def silences_page(request: Request) -> HTMLResponse:
+    """Alert silences: everyone who may read sees them; the form and the Expire buttons are
+    marked ``data-needs="silence"`` and removed for roles below operator (session.js), the rule
+    the API applies to the same requests."""
+    body = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Silences · gpufleet</title>
+<link rel="icon" href="/favicon.ico" type="image/svg+xml">
+<link rel="stylesheet" href="/static/app.css">
+</head><body>
+<header><a class="brand" href="/">gpufleet</a><nav><a href="/">Fleet</a><a href="/jobs">Jobs</a>
+<a href="/flags">Flags</a><a href="/silences" class="on">Silences</a></nav></header>
+<main id="silences">
+<h1>Alert silences</h1>
+<p class="muted">A silence mutes Slack alerts for the jobs, users, flags or clusters it matches until it expires.</p>
+<form id="silence-form" class="filters" data-needs="silence" autocomplete="off">
+<label>job <input name="job" maxlength="255"></label>
+<label>user <input name="user" maxlength="255"></label>
+<label>flag <input name="flag" maxlength="32"></label>
+<label>cluster <input name="cluster" maxlength="128"></label>
+<label>expires in <input name="expires_in" value="24h" maxlength="16"></label>
+<label>reason <input name="reason" required maxlength="2000"></label>
+<button type="submit">Silence</button>
+</form>
+<p id="silence-error" class="error" role="alert"></p>
+<table class="silences"><thead><tr><th>id</th><th>job</th><th>user</th><th>flag</th><th>cluster</th><th>reason</th>
+<th>by</th><th>expires</th><th></th></tr></thead><tbody></tbody></table>
+</main>
+<script src="/static/auth/session.js"></script>
+<script src="/static/auth/silences.js"></script>
+</body></html>"""
+    return HTMLResponse(body, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                                       "Cache-Control": "no-cache"})
 
 
 @router.get("/static/auth/{name}", include_in_schema=False)

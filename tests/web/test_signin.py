@@ -155,3 +155,46 @@ def test_sso_proxy_in_the_browser(browser: Any, sqlite_url: str, live_server: Ca
         p.shot("sso-operator")
     finally:
         ctx.close()
+
+
+def test_roles_in_the_ui_match_the_api(browser: Any, prod: tuple[Any, dict[str, str], str]) -> None:
+    """Silences need operator in the UI as in the API: a viewer sees them but no form and no
+    Expire buttons; an operator creates one with the form and expires it."""
+    srv, toks, url = prod
+    import httpx
+
+    r = httpx.post(srv.url + "/api/v1/alerts/silences", json={**SILENCE, "reason": "seeded"},
+                   headers={"Authorization": f"Bearer {toks['operator']}"})
+    assert r.status_code == 201
+    ctx = browser.new_context(viewport={"width": 1280, "height": 700})
+    p = Page(ctx.new_page(), srv.url)
+    pg = p.page
+    try:
+        pg.goto(srv.url + "/silences")
+        pg.wait_for_url("**/signin?next=%2Fsilences")
+        _sign_in(p, toks["viewer"])
+        pg.wait_for_url("**/silences")
+        pg.wait_for_function("() => document.getElementById('silences').dataset.loaded === '1'")
+        assert pg.locator("table.silences tbody tr").count() == 1
+        assert pg.locator("#silence-form").count() == 0, "no silence form for a viewer"
+        assert pg.locator("button.expire").count() == 0
+        p.shot("silences-viewer")
+        pg.click("#signout")
+        pg.wait_for_url("**/signin")
+
+        pg.goto(srv.url + "/signin?next=/silences")
+        _sign_in(p, toks["operator"])
+        pg.wait_for_url("**/silences")
+        pg.wait_for_function("() => document.getElementById('silences').dataset.loaded === '1'")
+        pg.fill("#silence-form input[name=user]", "bob")
+        pg.fill("#silence-form input[name=reason]", "reservation for the notebook")
+        pg.click("#silence-form button[type=submit]")
+        pg.wait_for_function("() => document.getElementById('silences').dataset.loaded === '2'")
+        assert _silences(url) == 2
+        assert "reservation for the notebook" in pg.locator("table.silences").inner_text()
+        p.shot("silences-operator")
+        pg.locator("tr", has_text="reservation for the notebook").locator("button.expire").click()
+        pg.wait_for_function("() => document.getElementById('silences').dataset.loaded === '1'")
+        assert pg.locator("#silence-error").inner_text() == ""
+    finally:
+        ctx.close()

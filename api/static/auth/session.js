@@ -27,6 +27,7 @@
     box.id = "who";
     box.className = "muted";
     box.textContent = `${me.name} (${me.role})`;
+    if (!document.getElementById("status")) box.style.marginLeft = "auto"; // pages without the status slot
     if (me.source !== "anonymous") {
       const out = document.createElement("button");
       out.id = "signout";
