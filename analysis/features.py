@@ -16,7 +16,7 @@ import numpy as np
 RAW_FIELDS: tuple[str, ...] = (
     "sm_active", "sm_occupancy", "tensor_active", "dram_active", "gpu_util", "fp32_active", "fp64_active",
     "power_w", "sm_clock_mhz", "clock_event_reasons", "fb_used_bytes", "fb_total_bytes",
-    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "ib_tx_bytes_s", "ib_rx_bytes_s",
+    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "ib_tx_bytes_s", "ib_rx_bytes_s", "pcie_rx_bytes_s",
     "xid_last", "ecc_dbe_volatile", "row_remap_failure", "nvlink_error_count", "pcie_replay_count",
 )
 
@@ -25,7 +25,7 @@ MEAN_OF = {
     "sm": "sm_active", "occ": "sm_occupancy", "tensor": "tensor_active", "dram": "dram_active",
     "gpu_util": "gpu_util", "fp32": "fp32_active", "fp64": "fp64_active", "power": "power_w",
     "clock": "sm_clock_mhz", "nvl_tx": "nvlink_tx_bytes_s", "nvl_rx": "nvlink_rx_bytes_s",
-    "ib_tx": "ib_tx_bytes_s", "ib_rx": "ib_rx_bytes_s",
+    "ib_tx": "ib_tx_bytes_s", "ib_rx": "ib_rx_bytes_s", "pcie_rx": "pcie_rx_bytes_s",
 }
 MAX_OF = {
     "fb_used_max": "fb_used_bytes", "fb_total": "fb_total_bytes", "xid_max": "xid_last",

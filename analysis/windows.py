@@ -31,6 +31,7 @@ class WindowFeatures:
     nvl_rx: np.ndarray
     ib_tx: np.ndarray
     ib_rx: np.ndarray
+    pcie_rx: np.ndarray  # host -> GPU bytes/s
     busy_frac: np.ndarray  # share of raw samples with sm_active >= busy_sm_active
     busy_sm: np.ndarray  # sm_active while busy
     clock_busy: np.ndarray  # SM clock while busy
@@ -90,7 +91,7 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -
     nb = np.nan_to_num(f["nb"])
     out: dict[str, np.ndarray] = {}
     for name in ("sm", "occ", "tensor", "dram", "gpu_util", "fp32", "fp64", "power", "clock",
-                 "nvl_tx", "nvl_rx", "ib_tx", "ib_rx", "busy_frac"):
+                 "nvl_tx", "nvl_rx", "ib_tx", "ib_rx", "pcie_rx", "busy_frac"):
         out[name] = wmean(f[name], n, w)
     for name in ("busy_sm", "clock_busy", "throttle_frac"):
         out[name] = wmean(f[name], nb, w)

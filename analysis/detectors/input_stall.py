@@ -41,4 +41,4 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     return [make_finding(job, KIND, cfg, det, claim, {
         "busy_fraction": job.stats(f.busy_frac, em), "sm_active_when_busy": job.stats(f.busy_sm, em),
         "switches_per_minute": tr, "period_s": r3(120.0 / tr, 1) if tr else None,
-        "sm_active": job.stats(f.sm, em)})]
+        "sm_active": job.stats(f.sm, em), "pcie_rx_bytes_s": job.stats(f.pcie_rx, em, per_gpu)})]

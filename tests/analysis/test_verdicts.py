@@ -166,3 +166,17 @@ def test_clock_deficit_with_throttle_reasons_is_a_straggler() -> None:
     assert f.scope == "GPU-3" and "clock_deficit" in f.evidence["signature"]
     assert "throttle_reasons" in f.evidence["signature"]
     assert "pipeline_imbalance" not in kinds(res)
+
+
+def test_input_stall_evidence_is_measured() -> None:
+    """A training job whose GPUs alternate: 3 s of full SMs, 3 s waiting for the next batch."""
+    def fn(t: np.ndarray, g: int) -> dict[str, np.ndarray | float]:
+        d = dict(healthy_training(t, g))
+        busy = (np.floor(t / 3.0) % 2) == 0
+        d.update(sm_active=np.where(busy, 0.85, 0.0), tensor_active=np.where(busy, 0.4, 0.0),
+                 gpu_util=np.where(busy, 1.0, 0.0), pcie_rx_bytes_s=np.where(busy, 1e9, 6e9))
+        return d
+    (f,) = run(2, 60, 1.0, fn).findings
+    assert f.kind == "input_stall"
+    assert 1e9 <= f.evidence["pcie_rx_bytes_s"] <= 6e9
+    assert all(not isinstance(v, str) or k in ("confidence",) for k, v in f.evidence.items())
