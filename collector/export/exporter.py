@@ -56,7 +56,19 @@ class ExportSettings:
     pending_rows: int = 500_000  # rows waiting for the encoder before new ones are dropped
 
     @classmethod
+    def of(cls, section: Any) -> ExportSettings:
+        """From the server Settings' ``export`` section (gpufleet/settings.py), whose lists are
+        comma-separated strings."""
+        d = cls()
+        return cls(url=section.url.strip(), token=section.token, fields=_env_list(section.fields),
+                   labels=_env_list(section.labels) or d.labels, queue_dir=section.queue_dir,
+                   queue_bytes=section.queue_bytes, max_samples_per_send=section.max_samples_per_send,
+                   flush_s=section.flush_s, timeout_s=section.timeout_s, min_backoff_s=section.min_backoff_s,
+                   max_backoff_s=section.max_backoff_s, pending_rows=section.pending_rows)
+
+    @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ExportSettings:
+        """For a server Settings without an ``export`` section (the flat ServerSettings)."""
         env = dict(os.environ if environ is None else environ)
         d = cls()
 

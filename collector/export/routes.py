@@ -61,7 +61,8 @@ class ExportMetrics(Collector):
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings = getattr(app.state, "export_settings", None) or ExportSettings.from_env()
+    section = getattr(app.state.settings, "export", None)
+    settings = ExportSettings.of(section) if section is not None else ExportSettings.from_env()
     if not settings.url:
         yield
         return
