@@ -53,5 +53,10 @@ def require_operator(request: Request, _: Bearer) -> TokenInfo:
     return _authorize(request, "operator")
 
 
+def require_admin(request: Request, _: Bearer) -> TokenInfo:
+    return _authorize(request, "admin")
+
+
 ViewerDep = Annotated[TokenInfo, Depends(require_viewer)]
 OperatorDep = Annotated[TokenInfo, Depends(require_operator)]
+AdminDep = Annotated[TokenInfo, Depends(require_admin)]

@@ -63,8 +63,8 @@ def create_token(engine: Engine, name: str, role: str, cluster: str | None = Non
     """Create a token and return its raw value (shown once; only its hash is stored)."""
     if role not in ROLES:
         raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
-    if not name or len(name) > _NAME_MAX:
-        raise ValueError(f"token name must be 1-{_NAME_MAX} characters")
+    if not name or len(name) > _NAME_MAX or any(ord(ch) < 32 for ch in name):
+        raise ValueError(f"token name must be 1-{_NAME_MAX} characters, without control characters")
     if node is not None and role != "agent":
         raise ValueError("--node only applies to agent tokens")
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -86,6 +86,8 @@ def list_tokens(engine: Engine) -> list[dict]:
 
 
 def revoke_token(engine: Engine, name: str) -> bool:
+    if not name or len(name) > _NAME_MAX or "\x00" in name:  # no token has such a name (PostgreSQL refuses NUL)
+        return False
     with engine.begin() as c:
         n = c.execute(update(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
                       .values(revoked_at=time.time())).rowcount

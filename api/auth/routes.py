@@ -21,10 +21,13 @@ from gpufleet.storage.tokens import role_at_least
 
 from .identity import CSRF_COOKIE, SESSION_COOKIE
 from .middleware import IDENTITY, SESSION, SSO, web_auth_config
+from .tokens import router as tokens_router
 
 router = APIRouter(tags=["auth"])
+router.include_router(tokens_router)  # /api/v1/tokens (admin)
 STATIC = Path(__file__).resolve().parents[1] / "static" / "auth"
-FILES = {"signin.js": "text/javascript", "session.js": "text/javascript", "silences.js": "text/javascript"}
+FILES = {"signin.js": "text/javascript", "session.js": "text/javascript", "silences.js": "text/javascript",
+         "tokens.js": "text/javascript"}
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 
@@ -181,6 +184,43 @@ def silences_page(request: Request) -> HTMLResponse:
 </body></html>"""
     return HTMLResponse(body, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                                        "Cache-Control": "no-cache"})
+
+
+@router.get("/tokens", response_class=HTMLResponse, include_in_schema=False)
+def tokens_page(request: Request) -> HTMLResponse:
+    """API tokens, for admins only: the whole page body is ``data-needs="tokens"``."""
+    body = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Tokens · gpufleet</title>
+<link rel="icon" href="/favicon.ico" type="image/svg+xml">
+<link rel="stylesheet" href="/static/app.css">
+</head><body>
+<header><a class="brand" href="/">gpufleet</a><nav><a href="/">Fleet</a><a href="/jobs">Jobs</a>
+<a href="/flags">Flags</a><a href="/silences">Silences</a><a href="/tokens" class="on">Tokens</a></nav></header>
+<main id="tokens">
+<h1>API tokens</h1>
+<p id="tokens-denied" class="muted" hidden>Managing tokens needs the admin role.</p>
+<section data-needs="tokens">
+<form id="token-form" class="filters" autocomplete="off">
+<label>name <input name="name" required maxlength="128"></label>
+<label>role <select name="role"><option>viewer</option><option>operator</option><option>admin</option>
+<option>agent</option></select></label>
+<label>cluster <input name="cluster" maxlength="128"></label>
+<label>node <input name="node" maxlength="255"></label>
+<button type="submit">Create</button>
+</form>
+<p id="token-new" class="muted"></p>
+<p id="token-error" class="error" role="alert"></p>
+<table class="tokens"><thead><tr><th>name</th><th>role</th><th>cluster</th><th>node</th><th>created</th>
+<th>revoked</th><th></th></tr></thead><tbody></tbody></table>
+</section>
+</main>
+<script src="/static/auth/session.js"></script>
+<script src="/static/auth/tokens.js"></script>
+</body></html>"""
+    return HTMLResponse(body, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                                       "Cache-Control": "no-store"})
 
 
 @router.get("/static/auth/{name}", include_in_schema=False)

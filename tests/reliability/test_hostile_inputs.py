@@ -1,5 +1,5 @@
 """Hostile input into every parameter the schemathesis run (tests/api/test_fuzz.py, GET reads)
-leaves out: alert and silence operations, sign-in, and the NDJSON import, over real HTTP on
+leaves out: alert and silence operations, sign-in, token management, and the NDJSON import, over real HTTP on
 SQLite and PostgreSQL (which refuses NUL in text). Every case gets an answer below 500, a
 refused write stores nothing, and an accepted one stores exactly what it said."""
 
@@ -58,6 +58,12 @@ def test_alert_and_auth_parameters(database_url: str, live_server) -> None:  # t
             check(c.get("/signin", params={"next": s}), f"GET /signin next={s[:40]!r}")
             check(c.post("/api/v1/auth/signin", content=_json({"token": v}),
                          headers={"Content-Type": "application/json"}), f"signin token={s[:40]!r}")
+            for field in ("name", "role", "cluster", "node"):
+                tok = {"name": "hostile-probe", "role": "viewer", field: v}
+                check(c.post("/api/v1/tokens", content=_json(tok), headers={"Content-Type": "application/json"}),
+                      f"POST token {field}={s[:40]!r}")
+                c.delete("/api/v1/tokens/hostile-probe")
+            check(c.delete(f"/api/v1/tokens/{quote(s, safe='') or 'x'}"), f"DELETE token {s[:40]!r}")
             for field in ("job", "user", "flag", "cluster", "expires_in", "reason"):
                 before = _counts(database_url)[0]
                 r = c.post("/api/v1/alerts/silences", content=_json({**base_silence, field: v}),

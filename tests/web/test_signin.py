@@ -198,3 +198,46 @@ def test_roles_in_the_ui_match_the_api(browser: Any, prod: tuple[Any, dict[str, 
         assert pg.locator("#silence-error").inner_text() == ""
     finally:
         ctx.close()
+
+
+def test_tokens_page_is_for_admins(browser: Any, prod: tuple[Any, dict[str, str], str]) -> None:
+    """Tokens need admin in the UI as in the API: an operator gets the page without its controls
+    (and the API refuses the same calls); an admin creates a token, sees it once, revokes it."""
+    srv, toks, url = prod
+    import httpx
+
+    r = httpx.get(srv.url + "/api/v1/tokens", headers={"Authorization": f"Bearer {toks['operator']}"})
+    assert r.status_code == 403
+    ctx = browser.new_context(viewport={"width": 1280, "height": 700})
+    p = Page(ctx.new_page(), srv.url)
+    pg = p.page
+    try:
+        pg.goto(srv.url + "/signin?next=/tokens")
+        _sign_in(p, toks["operator"])
+        pg.wait_for_url("**/tokens")
+        pg.wait_for_selector("#tokens-denied:not([hidden])")
+        assert pg.locator("#token-form").count() == 0
+        pg.click("#signout")
+        pg.wait_for_url("**/signin")
+        pg.goto(srv.url + "/signin?next=/tokens")
+        _sign_in(p, toks["admin"])
+        pg.wait_for_url("**/tokens")
+        pg.wait_for_function("() => document.getElementById('tokens').dataset.loaded === '3'")
+        pg.fill("#token-form input[name=name]", "grafana-reader")
+        pg.click("#token-form button[type=submit]")
+        pg.wait_for_function("() => document.getElementById('tokens').dataset.loaded === '4'")
+        shown = pg.locator("#token-new").inner_text()
+        raw = shown.rsplit(" ", 1)[1]
+        assert raw.startswith("gpf_")
+        r = httpx.get(srv.url + "/api/v1/fleet/summary", headers={"Authorization": f"Bearer {raw}"})
+        assert r.status_code == 200, "the token the page showed works"
+        p.shot("tokens-admin")
+        pg.locator("tr", has_text="grafana-reader").locator("button.revoke").click()
+        pg.wait_for_function("() => document.querySelectorAll('button.revoke').length === 3")  # 3 seeded stay live
+        e = sa.create_engine(url)
+        with e.connect() as c:
+            revoked = c.execute(sa.text("select revoked_at from api_tokens where name = 'grafana-reader'")).scalar_one()
+        e.dispose()
+        assert revoked is not None
+    finally:
+        ctx.close()
