@@ -216,6 +216,7 @@
     }
 
     async function loadFlags() {
+      await kindsReady;
       const f = await api("/api/v1/flags?open=true&limit=15");
       fill(flagsBox, f.data.length ? table([
         { label: "Flag", get: (x) => chip(x) },
@@ -234,6 +235,7 @@
 
   // ---- Jobs ----------------------------------------------------------------------------
   async function jobsPage() {
+    await kindsReady;
     const p = new URLSearchParams(location.search);
     const f = { cluster: p.get("cluster") || "", user: p.get("user") || "", state: p.get("state") || "",
       flag: p.get("flag") || "", since: p.get("since") || "", sort: p.get("sort") || "start", order: p.get("order") || "desc" };
@@ -353,6 +355,7 @@
     tsReq.catch(() => null); linkReq.catch(() => null);  // a 404 is reported once, by the detail call
     let j;
     try { j = await api(`${base}?${qs({ cluster })}`); } catch (e) { return fail(e); }
+    await kindsReady;
     const s = j.summary;
     const header = h("div", {},
       h("h1", {}, `Job ${j.job_id}`, j.name ? h("span", { class: "muted" }, ` · ${j.name}`) : null),
@@ -421,9 +424,10 @@
     }
     makeChart(linkBox.spec, linkBox, links.t, LINK_FIELDS.map(([f, label, color]) => ({ label, color, width: 1.5, values: links.aggregate[f] })), rate);
     if (window.gpufleetGoodput) await window.gpufleetGoodput(goodEl, base, cluster, j).catch((e) => state.errors.push(String(e)));
-    if (window.gpufleetCollectives) await window.gpufleetCollectives(collEl, base, cluster).catch((e) => state.errors.push(String(e)));
     state.step = ts.step;
     done();
+    // after done(): the panel loads on its own and never delays the page's own charts
+    if (window.gpufleetCollectives) window.gpufleetCollectives(collEl, base, cluster).catch((e) => state.errors.push(String(e)));
   }
 
   // ---- Node ----------------------------------------------------------------------------
@@ -458,11 +462,17 @@
         { label: "Time", get: (e) => when(e.ts) }, { label: "Kind", get: (e) => e.kind }, { label: "Code", n: true, get: (e) => e.code ?? dash },
         { label: "GPU", n: true, get: (e) => e.gpu_index ?? dash }, { label: "Message", wrap: true, get: (e) => e.message },
       ], n.events, { class: "events" }) : h("p", { class: "muted" }, "No events."));
+    if (window.gpufleetNodeNics) {  // the node's IB/RoCE ports (collectives.js, docs/nccl.md)
+      const nicEl = h("div", { id: "node-nics" });
+      root.append(h("h2", {}, "NICs (InfiniBand / RoCE)"), nicEl);
+      await window.gpufleetNodeNics(nicEl, name, cluster).catch((e) => state.errors.push(String(e)));
+    }
     done();
   }
 
   // ---- Flags ---------------------------------------------------------------------------
   async function flagsPage() {
+    await kindsReady;
     const p = new URLSearchParams(location.search);
     const f = { open: p.get("open") ?? "true", kind: p.get("kind") || "" };
     const out = h("div");
@@ -491,5 +501,6 @@
   }
 
   const pages = { fleet: fleetPage, jobs: jobsPage, job: jobPage, node: nodePage, flags: flagsPage };
-  kindsReady.then(() => (pages[cfg.page] || fleetPage)()).catch(fail);
+  // The registry loads alongside each page's own data; pages await it only before they draw.
+  (pages[cfg.page] || fleetPage)().catch(fail);
 })();

@@ -80,6 +80,12 @@ def test_engine_scores_render_as_percent_everywhere(browser: Any, sqlite_url: st
             pg = p.open(f"/jobs/{job_id}")
             kpi = pg.locator(".kpi", has_text="Goodput score").locator(".v").inner_text()
             assert _pct(kpi) == score
+        # the engine's coverage note and each flag's confidence, labelled from the registry
+        pg = p.open("/jobs/s-idle")
+        assert "confidence" in pg.locator("#flags").inner_text()
+        # the idle job's flag shows its confidence, labelled from the registry
+        pg = p.open("/jobs/s-idle")
+        assert "confidence" in pg.locator("#flags").inner_text()
         assert p.errors == []
     finally:
         ctx.close()
