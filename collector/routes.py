@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 from fastapi import APIRouter, FastAPI
+from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -34,6 +35,7 @@ from gpufleet.collector.validate import check_batch, check_jobs_on_own_gpus
 from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable
 from gpufleet.settings import CollectorSettings
 from gpufleet.storage import tokens
+from gpufleet.storage.errors import is_transient, is_unreachable
 from gpufleet.storage.maintenance import MaintenanceLoop
 
 log = logging.getLogger(__name__)
@@ -170,6 +172,22 @@ async def handle_ingest(coll: Collector, headers: dict[bytes, str], read_body: B
         return internal_error()
 
 
+_last_unavailable_log = 0.0
+
+
+def database_unavailable(e: BaseException, retry_after_s: int) -> Answer:
+    """The answer while the database cannot be reached: 503 + Retry-After (the agent keeps the
+    batch and retries). Logged as one line at most every 10 s per process, not a traceback per
+    request: during an outage every request fails the same way."""
+    global _last_unavailable_log
+    now = time.monotonic()
+    if now - _last_unavailable_log >= 10.0:
+        _last_unavailable_log = now
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        log.warning("database unavailable (answering 503 + Retry-After): %s", first)
+    return _answer(503, "database unavailable, retry later", retry_after_s)
+
+
 def internal_error() -> Answer:
     """The answer to an unexpected failure; the details go to the log, not to the client."""
     return _answer(500, "internal error handling the batch (logged on the collector)")
@@ -180,6 +198,10 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
         who = await coll.authorize(h.get(b"authorization"), "agent")
     except tokens.AuthError as e:
         return _answer(e.status, e.detail)
+    except DBAPIError as e:
+        if not (is_transient(e) or is_unreachable(e)):
+            raise
+        return database_unavailable(e, coll.config.retry_after_s)
     limit = coll.settings.http.max_body_bytes
     body = await _read_body(read_body, limit, h.get(b"content-length"))
     if not isinstance(body, bytes):
@@ -242,6 +264,10 @@ async def import_ndjson(request: Request) -> Response:
         await coll.authorize(request.headers.get("authorization"), "operator")
     except tokens.AuthError as e:
         return _error(e.status, e.detail)
+    except DBAPIError as e:
+        if not (is_transient(e) or is_unreachable(e)):
+            raise
+        return _to_response(database_unavailable(e, coll.config.retry_after_s))
     cluster = request.query_params.get("cluster") or None
     limit = coll.config.import_max_bytes
     enc = (request.headers.get("content-encoding") or "identity").lower()

@@ -72,6 +72,9 @@ def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifesp
     from gpufleet.api.validation_errors import install as install_validation_errors
 
     install_validation_errors(app)  # a 422 that echoes hostile input must not become a 500
+    from gpufleet.api.database_unavailable import install as install_database_unavailable
+
+    install_database_unavailable(app)  # database down: a JSON 503 + Retry-After, not a 500 per request
     # Host/Origin checks, session or SSO identity, CSRF (api/auth); serving_app puts the same
     # guard ahead of the ingest front too, and it runs once per request.
     app.add_middleware(WebGuard, state_app=app)

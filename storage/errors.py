@@ -71,5 +71,8 @@ def is_unreachable(e: BaseException) -> bool:
     code = _sqlstate(e)
     if code.startswith("08") or code in ("57P01", "57P02", "57P03"):
         return True
+    # psycopg raises its base OperationalError itself (never a SQLSTATE subclass) when a
+    # connection cannot be made or is lost, whatever the server said while refusing it.
     orig = e.orig
-    return isinstance(e, OperationalError) and type(orig).__module__.startswith("psycopg") and not code
+    return isinstance(e, OperationalError) and type(orig).__name__ == "OperationalError" \
+        and type(orig).__module__.startswith("psycopg")
