@@ -294,13 +294,15 @@ _RUN = 0  # distinct idempotency keys across the wrk runs of one bench
 
 
 def run_wrk(wrk: str, port: int, bodies: Path, path: str, ctype: str, *, conns: int, seconds: float,
-            threads: int, placeholder: str | None) -> dict[str, Any]:
+            threads: int, placeholder: str | None, offset: int = 0) -> dict[str, Any]:
+    """``offset``: bodies the database already received (an earlier run against it), so this
+    run deals out the next ones instead of repeating rows."""
     args = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:.0f}s", "--timeout", "30s", "-s", str(LUA),
             f"http://127.0.0.1:{port}", "--", str(bodies), path, ctype]
     if placeholder:
         global _RUN
         _RUN += 1
-        args += [placeholder, f"{os.getpid() % 100:02d}{_RUN:02d}"]
+        args += [placeholder, f"{os.getpid() % 100:02d}{_RUN:02d}", str(offset), str(threads)]
     out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
     for line in out.stdout.splitlines():
         if line.startswith("WRKJSON "):
@@ -330,14 +332,20 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
     upgrade(url)
     with collector(url, workers, tmp) as (port, sid):
         log(f"{name}: warm-up")
-        run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
-                seconds=args.warmup, threads=args.wrk_threads, placeholder=PLACEHOLDER)
+        warm = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
+                       seconds=args.warmup, threads=args.wrk_threads, placeholder=PLACEHOLDER)
         before = count_rows(url)
         log(f"{name}: measuring {args.duration:.0f} s with {args.nodes} connections")
         cpu0, pg0 = session_cpu_s(sid), session_cpu_s(user="postgres")
         w = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
-                    seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER)
+                    seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER,
+                    offset=int(warm["requests"]) + args.wrk_threads)
         elapsed = w["duration_us"] / 1e6
+        sent = int(warm["requests"]) + int(w["requests"])
+        if sent > len(tpl.batches):
+            raise RuntimeError(f"{name}: {sent} requests but only {len(tpl.batches)} distinct bodies, so rows "
+                               f"repeated (stored once): raise --windows to at least "
+                               f"{sent // args.nodes + 2}")
         time.sleep(3.0)  # let the requests in flight when wrk stopped commit
         # Collector and PostgreSQL CPU over the run (the latter includes any other tests'
         # databases on a shared box: an upper bound).
@@ -625,7 +633,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up (default 5, quick 3)")
     ap.add_argument("--workers", type=int, default=2, help="collector processes on PostgreSQL (default 2)")
     ap.add_argument("--wrk-threads", type=int, default=2)
-    ap.add_argument("--windows", type=int, default=6, help="10-second windows per node in the rotation (default 6)")
+    ap.add_argument("--windows", type=int, default=None,
+                    help="10-second windows per node: bodies for nodes x windows requests, each request its own rows "
+                         "(default 48, quick 24: more than a run sends)")
     ap.add_argument("--query-hours", type=float, default=None, help="query window (default 24, quick 2)")
     ap.add_argument("--query-gpus", type=int, default=64)
     ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
@@ -636,6 +646,7 @@ def main() -> int:
     args = ap.parse_args()
     args.duration = args.duration or (10.0 if args.quick else 30.0)
     args.warmup = args.warmup or (3.0 if args.quick else 5.0)
+    args.windows = args.windows or (24 if args.quick else 48)
     args.query_hours = args.query_hours or (2.0 if args.quick else 24.0)
 
     tools = locate_tools()
