@@ -119,7 +119,7 @@ def _nudge_alerts(summary: Any) -> bool:
 
 
 def _result(summary: Any) -> dict[str, Any]:
-    d = summary.as_dict()
+    d: dict[str, Any] = summary.as_dict()
     d["job_pks_changed"] = d["job_pks_changed"][:100]
     d["errors"] = d["errors"][:20]
     return d

@@ -260,7 +260,12 @@ class Settings(BaseSettings):
         unknown = set(values) - set(SECTIONS)
         if unknown:
             raise ValueError(f"unknown settings sections {sorted(unknown)} (known: {', '.join(SECTIONS)})")
-        return cls.model_construct(**{n: c.of(values.get(n, {})) for n, c in SECTIONS.items()})
+        # model_construct: each section is validated already, and Settings() would read the environment.
+        return cls._assemble({n: c.of(values.get(n, {})) for n, c in SECTIONS.items()})
+
+    @classmethod
+    def _assemble(cls, sections: dict[str, Any]) -> Settings:
+        return cls.model_construct(None, **sections)
 
     def replace(self, **sections: Mapping[str, Any]) -> Settings:
         """A copy with some fields of some sections changed (validated):
@@ -274,7 +279,7 @@ class Settings(BaseSettings):
         unknown = set(sections) - set(SECTIONS)
         if unknown:
             raise ValueError(f"unknown settings sections {sorted(unknown)} (known: {', '.join(SECTIONS)})")
-        return Settings.model_construct(**out)
+        return Settings._assemble(out)
 
     def database_url(self) -> str:
         return self.database.resolved_url()

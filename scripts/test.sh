@@ -89,5 +89,7 @@ log "Redis: throwaway redis-server on port $rport"
 export GPUFLEET_REQUIRE_SERVICES=1   # a missing service fails the run instead of skipping
 log "ruff"
 "$VENV/bin/ruff" check "$ROOT"
+log "mypy (strict on core, collector, storage, analysis: pyproject.toml [tool.mypy])"
+PY="$VENV/bin/python" bash "$ROOT/scripts/typecheck.sh"
 log "pytest (every database test runs on SQLite and PostgreSQL)"
 "$VENV/bin/python" -m pytest -ra -q -p no:cacheprovider "$@"

@@ -26,11 +26,17 @@ log = logging.getLogger(__name__)
 
 
 class Policy(Protocol):
-    interval_s: float
-    retention_interval_s: float
-    raw_days: float
-    rollup_days: float
-    stale_job_s: float
+    # Read-only: frozen dataclasses and the (frozen) settings section both fit.
+    @property
+    def interval_s(self) -> float: ...
+    @property
+    def retention_interval_s(self) -> float: ...
+    @property
+    def raw_days(self) -> float: ...
+    @property
+    def rollup_days(self) -> float: ...
+    @property
+    def stale_job_s(self) -> float: ...
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVarTuple
 
 from sqlalchemy import Select, and_, or_
 
 from .common import BadRequest, decode_cursor, encode_cursor
 
 Types = type | tuple[type, ...]
+Row = TypeVarTuple("Row")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Keyset:
     tiebreak_type: Types
     descending: bool = False
 
-    def apply(self, q: Select[Any], cursor: str | None) -> Select[Any]:
+    def apply(self, q: Select[*Row], cursor: str | None) -> Select[*Row]:
         """``q`` ordered by the keyset and, with a cursor, restricted to rows after it."""
         after = decode_cursor(cursor, 2)
         if after is not None:

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    threads = []
+    threads: list[threading.Thread] = []
     for node, source in sources:
         node_cfg = replace(cfg, node=node)
         if len(sources) > 1:
