@@ -16,22 +16,23 @@ import math
 import statistics
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
-from sqlalchemy import select
+from fastapi import APIRouter, HTTPException, Query
+from sqlalchemy import func, select
 
 from gpufleet.analysis.collectives.detect import SlowParams, slow_episodes
 from gpufleet.analysis.collectives.features import Series, build_series
 from gpufleet.analysis.collectives.load import load_fabric
 from gpufleet.flagkinds import flag_kinds
-from gpufleet.storage.models import Flag
+from gpufleet.storage.collectives_models import GpuNicRow, NicSampleRow
+from gpufleet.storage.models import Cluster, Flag, Gpu, Node
 
 from .metrics import TimedRoute
-from .queries.common import DEFAULT_CLUSTER
+from .queries.common import DEFAULT_CLUSTER, now
 from .queries.jobs import find_job
 from .routes_common import ClusterQ, JobIdPath, SessionDep
 from .schemas import Message
 
-router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], route_class=TimedRoute,
+router = APIRouter(prefix="/api/v1", route_class=TimedRoute,
                    responses={400: {"model": Message, "description": "an argument is invalid (detail says which)"}})
 
 BIN_S = 60.0
@@ -61,7 +62,8 @@ def _series_json(s: Series, baseline: float | None) -> dict[str, Any]:
             "exec_us_p50": [_num(x, 1) for x in exec_p50], "baseline_gbs": _num(baseline)}
 
 
-@router.get("/{job_id:path}/collectives", summary="A job's NCCL collectives, per-rank exec times and its NICs",
+@router.get("/jobs/{job_id:path}/collectives", tags=["jobs"],
+            summary="A job's NCCL collectives, per-rank exec times and its NICs",
             responses={404: {"model": Message, "description": "no such job"}})
 def read_job_collectives(job_id: JobIdPath, session: SessionDep, cluster: ClusterQ = DEFAULT_CLUSTER) -> Any:
     found = find_job(session, cluster, job_id)
@@ -117,3 +119,38 @@ def read_job_collectives(job_id: JobIdPath, session: SessionDep, cluster: Cluste
         e["errors"].append(n.errors)
     out["nics"] = [by[k] for k in sorted(by)]
     return out
+
+
+@router.get("/nodes/{name}/nics", tags=["nodes"],
+            summary="A node's InfiniBand/RoCE ports: rate, state, congestion, errors, rails",
+            responses={404: {"model": Message, "description": "no such node"}})
+def read_node_nics(name: str, session: SessionDep, cluster: ClusterQ = DEFAULT_CLUSTER,
+                   hours: float = Query(6.0, gt=0, le=168, description="how far back from its newest sample"),
+                   ) -> Any:
+    nd, cl = Node.__table__, Cluster.__table__
+    node_id = session.execute(select(nd.c.id).select_from(nd.join(cl, cl.c.id == nd.c.cluster_id))
+                              .where(cl.c.name == cluster, nd.c.name == name)).scalar()
+    if node_id is None:
+        raise HTTPException(404, f"no node {name!r} in cluster {cluster!r}")
+    ns, gn, g = NicSampleRow.__table__, GpuNicRow.__table__, Gpu.__table__
+    rails: dict[str, list[dict[str, Any]]] = {}
+    for nic, uuid, index, mode in session.execute(
+            select(gn.c.nic, g.c.uuid, g.c.index, gn.c.mode).select_from(gn.join(g, g.c.id == gn.c.gpu_pk))
+            .where(gn.c.node_id == node_id).order_by(gn.c.nic, g.c.index)):
+        rails.setdefault(nic, []).append({"gpu_uuid": uuid, "index": index, "mode": mode})
+    newest = session.execute(select(func.max(ns.c.ts)).where(ns.c.node_id == node_id)).scalar() or now()
+    by: dict[str, dict[str, Any]] = {}
+    for r in session.execute(select(ns).where(ns.c.node_id == node_id, ns.c.ts >= newest - hours * 3600)
+                             .order_by(ns.c.ts)).mappings():
+        e = by.setdefault(r["nic"], {"nic": r["nic"], "link_layer": r["link_layer"], "gpus": rails.get(r["nic"], []),
+                                     "t": [], "rate_gbps": [], "state": [], "tx_bytes_s": [], "rx_bytes_s": [],
+                                     "xmit_wait_per_s": [], "errors": [], "counters_total": {}})
+        e["t"].append(r["ts"])
+        for k in ("rate_gbps", "state", "tx_bytes_s", "rx_bytes_s", "errors"):
+            e[k].append(r[k])
+        e["xmit_wait_per_s"].append(_num(r["xmit_wait"] / r["interval_s"], 1) if r["xmit_wait"] is not None else None)
+        for k, v in (r["counters"] or {}).items():
+            e["counters_total"][k] = e["counters_total"].get(k, 0.0) + v
+    nics = [by[k] for k in sorted(by)] + [{"nic": k, "gpus": v, "t": []} for k, v in sorted(rails.items())
+                                          if k not in by]
+    return {"node": name, "cluster": cluster, "hours": hours, "nics": nics}

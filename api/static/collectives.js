@@ -98,6 +98,27 @@
       h("tbody", {}, rows)));
   }
 
+  window.gpufleetNodeNics = async function (el, node, cluster) {
+    const q = cluster ? `?cluster=${encodeURIComponent(cluster)}` : "";
+    const r = await fetch(`/api/v1/nodes/${encodeURIComponent(node)}/nics${q}`, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+    if (!r.ok) { el.append(h("p", { class: "muted" }, `NICs unavailable (${r.status}).`)); return; }
+    const d = await r.json();
+    if (!d.nics.length) { el.append(h("p", { class: "muted" }, "No InfiniBand/RoCE ports reported by this node.")); return; }
+    const last = (a) => { for (let i = (a || []).length - 1; i >= 0; i--) if (a[i] !== null && a[i] !== undefined) return a[i]; return null; };
+    const max = (a) => (a || []).reduce((m, v) => (v === null || v === undefined ? m : m === null ? v : Math.max(m, v)), null);
+    const errs = (c) => Object.entries(c || {}).filter(([k, v]) => v > 0 && k !== "port_xmit_wait").map(([k, v]) => `${k} ${v}`).join(", ");
+    el.append(h("table", { id: "node-nics-table" }, h("thead", {}, h("tr", {}, ["NIC", "Layer", "GPUs (rail)", "Link rate", "State", "TX", "Max xmit wait /s", "Errors"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, d.nics.map((n) => {
+        const rate = last(n.rate_gbps), top = max(n.rate_gbps);
+        const bad = (rate !== null && top !== null && rate < 0.9 * top) || (last(n.state) && last(n.state) !== "ACTIVE") || errs(n.counters_total);
+        return h("tr", { class: bad ? "bad" : "" }, h("td", {}, n.nic), h("td", {}, n.link_layer ?? dash),
+          h("td", {}, (n.gpus || []).map((g) => `GPU ${g.index}`).join(", ") || dash),
+          h("td", { class: "n" }, rate === null ? dash : `${num(rate)} Gb/s${top !== null && rate < top ? ` (was ${num(top)})` : ""}`),
+          h("td", {}, last(n.state) ?? dash), h("td", { class: "n" }, last(n.tx_bytes_s) === null ? dash : `${num(last(n.tx_bytes_s) / 1e9, 1)} GB/s`),
+          h("td", { class: "n" }, num(max(n.xmit_wait_per_s))), h("td", {}, errs(n.counters_total) || "0"));
+      }))));
+  };
+
   window.gpufleetCollectives = async function (el, apiBase, cluster) {
     const q = cluster ? `?cluster=${encodeURIComponent(cluster)}` : "";
     const r = await fetch(`${apiBase}/collectives${q}`, { headers: { Accept: "application/json" }, credentials: "same-origin" });

@@ -85,9 +85,12 @@ def test_flags_name_the_node_and_nic_through_storage(engine: Any, faulty: list[N
 
 
 def test_a_bad_section_is_refused_before_anything_is_written(faulty: list[NodeOutput]) -> None:
+    import msgspec
+
     b = batches(faulty, end=T0 + 60)[0]
-    bad = b.collectives[3]
-    bad.exec_us_p95 = -1.0
+    cs = list(b.collectives)
+    cs[3] = msgspec.structs.replace(cs[3], exec_us_p95=-1.0)  # a copy: the fixture is shared
+    b = msgspec.structs.replace(b, collectives=cs)
     with pytest.raises(BatchRejected) as e:
         check_batch(b, prepare(b), T0 + 60, max_rows=100_000, max_age_s=None, max_future_s=3600)
     r = e.value.rejection
@@ -129,3 +132,26 @@ def test_ingest_over_http_then_the_collectives_api(sqlite_url: str, live_server:
     assert {f["kind"] for f in d["flags"]} >= {"collective_slow", "network_degraded"}
     with httpx.Client(base_url=srv.url) as c:
         assert c.get("/api/v1/jobs/nope/collectives").status_code == 404
+
+
+def test_node_nics_api(sqlite_url: str, live_server: Any, faulty: list[NodeOutput]) -> None:
+    import httpx
+
+    from gpufleet.storage.db import make_engine
+
+    e = make_engine(sqlite_url)
+    bs = batches(faulty, end=T0 + 25 * 60)
+    with e.begin() as conn:
+        write_batches(conn, [prepare(b) for b in bs], T0 + 25 * 60)
+    e.dispose()
+    srv = live_server(sqlite_url)
+    with httpx.Client(base_url=srv.url) as c:
+        d = c.get("/api/v1/nodes/gpu-02/nics").json()
+        assert c.get("/api/v1/nodes/nope/nics").status_code == 404
+    by = {n["nic"]: n for n in d["nics"]}
+    assert len(by) == 8
+    n = by["mlx5_5/1"]
+    assert n["gpus"] == [{"gpu_uuid": "GPU-gpu-02-5", "index": 5, "mode": "pcie"}]
+    assert n["rate_gbps"][0] == 400.0 and n["rate_gbps"][-1] == 200.0
+    assert max(x for x in n["xmit_wait_per_s"] if x is not None) > 1e5 > max(
+        x for x in by["mlx5_4/1"]["xmit_wait_per_s"] if x is not None)

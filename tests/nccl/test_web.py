@@ -36,7 +36,7 @@ def chromium() -> Iterator[Any]:
         b.close()
 
 
-def test_job_page_shows_busbw_heatmap_with_the_degraded_rank_and_nics(
+def test_job_and_node_pages_show_collectives_heatmap_and_nics(
         chromium: Any, sqlite_url: str, live_server: Callable[..., Any], faulty: list[NodeOutput]) -> None:  # noqa: F811
     e = make_engine(sqlite_url)
     bs = batches(faulty, end=T0 + 25 * 60)
@@ -49,6 +49,7 @@ def test_job_page_shows_busbw_heatmap_with_the_degraded_rank_and_nics(
     p = Page(ctx.new_page(), srv.url)
     try:
         pg = p.open(f"/jobs/{JOB}")
+        pg.wait_for_selector("#coll-nics")  # the panel loads after the page's own charts
         assert pg.locator("#coll-busbw .uplot").count() == 1, "the busbw chart drew"
         assert pg.locator("#coll-heatmap-canvas").count() == 1
         note = pg.locator("#coll-degraded").inner_text()
@@ -57,6 +58,12 @@ def test_job_page_shows_busbw_heatmap_with_the_degraded_rank_and_nics(
         row = pg.locator("#coll-nics tr.bad")
         assert row.count() == 1 and "200 Gb/s (was 400)" in row.inner_text() and "mlx5_5/1" in row.inner_text()
         p.shot("job-collectives")
+        pg = p.open("/nodes/gpu-02")
+        pg.wait_for_selector("#node-nics-table")
+        bad = pg.locator("#node-nics-table tr.bad")
+        assert bad.count() == 1 and "mlx5_5/1" in bad.inner_text() and "200 Gb/s (was 400)" in bad.inner_text()
+        assert "GPU 5" in bad.inner_text(), "the rail: GPU 5 uses mlx5_5"
+        assert pg.locator("#node-nics-table tbody tr").count() == 8
     finally:
         ctx.close()
     assert p.errors == []
