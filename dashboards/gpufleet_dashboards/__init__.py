@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import fleet, job, nodes, waste
+from . import fleet, goodput, job, nodes, waste
 from .builders import DATASOURCE_TYPE, DATASOURCE_UID, Dashboard, QuerySpec
 
 __all__ = ["DATASOURCE_TYPE", "DATASOURCE_UID", "build_all", "dashboards", "queries"]
 
 
 def dashboards() -> list[Dashboard]:
-    return [fleet.build(), job.build(), nodes.build(), waste.build()]
+    return [fleet.build(), job.build(), nodes.build(), waste.build(), goodput.build()]
 
 
 def build_all() -> dict[str, dict[str, Any]]:

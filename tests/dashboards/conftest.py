@@ -26,6 +26,8 @@ def sim_fleet(pg_factory: Any) -> Iterator[tuple[str, Any]]:
     import psycopg
     from sqlalchemy.engine import make_url
 
+    from tests.progress.sim_progress import load_progress
+
     from .simdata import load
 
     url = pg_factory.migrated()
@@ -35,6 +37,8 @@ def sim_fleet(pg_factory: Any) -> Iterator[tuple[str, Any]]:
     now = (int(time.time()) // 86400 - 1) * 86400 + 18 * 3600
     with psycopg.connect(dsn) as conn:
         fleet = load(conn, now)
+        load_progress(conn, now)  # the goodput dashboard's windows (tests/progress/sim_progress.py)
+        conn.commit()
     yield dsn, fleet
 
 

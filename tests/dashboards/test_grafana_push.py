@@ -110,7 +110,7 @@ def test_push_creates_datasource_folder_and_every_dashboard(grafana: FakeGrafana
         ("POST", "/api/datasources"),
         ("GET", "/api/folders/gpufleet"),
         ("POST", "/api/folders"),
-        *[("POST", "/api/dashboards/db")] * 4,
+        *[("POST", "/api/dashboards/db")] * 5,
     ]
     assert {c["auth"] for c in grafana.calls} == {"Bearer glsa_t0ken"}
     ds = grafana.calls[1]["body"]
@@ -142,7 +142,7 @@ def test_basic_auth_and_dashboards_only(grafana: FakeGrafana) -> None:
     assert main(["grafana", "push", "--url", grafana.url, "--token", "admin:admin", "--no-datasource"]) == 0
     assert not any("datasources" in c["path"] for c in grafana.calls)
     assert grafana.calls[0]["auth"].startswith("Basic ")
-    assert len(grafana.dashboards) == 4
+    assert len(grafana.dashboards) == 5
 
 
 def test_rejected_token_fails_with_a_clear_message(capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,7 +172,8 @@ def test_dry_run_hides_the_password(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["grafana", "push", "--dry-run", "--datasource-url", DS_URL]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["datasource"]["secureJsonData"] == {"password": "***"}
-    assert out["dashboards"] == ["gpufleet-fleet", "gpufleet-job", "gpufleet-nodes", "gpufleet-waste"]
+    assert out["dashboards"] == ["gpufleet-fleet", "gpufleet-goodput", "gpufleet-job", "gpufleet-nodes",
+                                 "gpufleet-waste"]
 
 
 def test_unreachable_grafana_is_reported(capsys: pytest.CaptureFixture[str]) -> None:

@@ -248,7 +248,7 @@ def test_grafana_dashboard_config_maps_carry_the_sidecar_label() -> None:
     assert not [d for d in off if d["kind"] == "ConfigMap"]
     docs = _render(sets=[*REQUIRED, "grafana.dashboards.enabled=true"])
     cms = [d for d in docs if d["kind"] == "ConfigMap"]
-    assert len(cms) == 4
+    assert len(cms) == 5
     for cm in cms:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         ((name, text),) = cm["data"].items()
