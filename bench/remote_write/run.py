@@ -187,7 +187,11 @@ def ingest(name: str, url: str, tools: dict[str, Any], proto: Path, tpl: Templat
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--nodes", type=int, default=250, help="simulated GPU nodes (8 GPUs each)")
+    ap.add_argument("--nodes", type=int, default=50, help="simulated GPU nodes (8 GPUs each), remote-write bodies")
+    ap.add_argument("--windows", type=int, default=150,
+                    help="scrapes (15 s apart) of every node in the bodies: distinct bodies = nodes x windows x 224 "
+                         "samples / 2000; the series repeat from window to window, as from a real Prometheus, so "
+                         "the receiver's series cache is warm after the warm-up")
     ap.add_argument("--conns", type=int, default=64, help="concurrent connections (remote-write shards / agents)")
     ap.add_argument("--duration", type=float, default=None, help="seconds per measured run (default 20, quick 8)")
     ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up (default 4, quick 2)")
@@ -212,7 +216,7 @@ def main() -> int:
         now = time.time()
         rw = tmp / "rw.bin"
         # enough distinct bodies that gpufleet never sees a repeat (a repeat would be a cheap duplicate)
-        nb, ns, bsize = remote_write_bodies(rw, args.nodes, 12 if args.quick else 30, now)
+        nb, ns, bsize = remote_write_bodies(rw, args.nodes, args.windows, now)
         per_body = ns / nb
         res["rw_bodies"] = {"bodies": nb, "samples_per_body": per_body, "bytes_per_body": bsize}
         tpl = Templates(args.conns, now, windows=6)
