@@ -99,14 +99,15 @@ def read_job_collectives(job_id: JobIdPath, session: SessionDep, cluster: Cluste
                            "t": main.bins}
         for node, rank in keys:
             gpu = main.gpu_of.get((node, rank))
-            out["ranks"].append({"rank": rank, "node": node, "gpu": gpu, "nic": view.rails.get(gpu or "", [None])[0],
+            rail = next(iter(view.rails.get(gpu or "", [])), None)
+            out["ranks"].append({"rank": rank, "node": node, "gpu": gpu, "nic": rail,
                                  "exec_us": [_num(ex.get((node, rank)), 1) for ex in main.exec_us],
                                  "degraded": (node, rank) in marked})
     job_gpus = {(c.node, c.gpu_uuid) for c in view.colls if c.gpu_uuid}
     gpus_of_nic: dict[tuple[str, str], list[str]] = {}
     for node, gpu in sorted(job_gpus):
-        for n in view.rails.get(gpu or "", []):
-            gpus_of_nic.setdefault((node, n), []).append(gpu or "")
+        for nic_name in view.rails.get(gpu or "", []):
+            gpus_of_nic.setdefault((node, nic_name), []).append(gpu or "")
     by: dict[tuple[str, str], dict[str, Any]] = {}
     for n in view.nics:
         e = by.setdefault((n.node, n.nic), {"node": n.node, "nic": n.nic, "t": [], "rate_gbps": [], "state": [],
