@@ -6,6 +6,7 @@ Where the URL comes from (flags, ``GPUFLEET_DATABASE_URL``) is the settings' bus
 from __future__ import annotations
 
 import os
+from typing import Any
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -45,7 +46,7 @@ def make_engine(url: str, **kw: object) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kw)
 
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _rec):  # type: ignore[no-untyped-def]
+        def _pragmas(dbapi_conn: Any, _rec: Any) -> None:  # DB-API objects: untyped by nature
             # WAL lets readers (API) run while the collector writes; NORMAL is durable
             # across process crashes, which is what acknowledging a batch promises.
             cur = dbapi_conn.cursor()

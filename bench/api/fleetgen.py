@@ -24,7 +24,8 @@ import numpy as np
 from sqlalchemy import Engine, insert, select, text
 
 from gpufleet.catalog import CATALOG
-from gpufleet.storage.db import asyncpg_dsn, is_sqlite
+from gpufleet.storage.db import asyncpg_dsn
+from gpufleet.storage.dialect import is_sqlite
 from gpufleet.storage.models import Allocation, Cluster, Event, Flag, Gpu, Job, JobReport, Node
 from gpufleet.storage.retention import day_of, ensure_partitions
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from gpufleet.storage.maintenance import DefaultPolicy, MaintenanceLoop, run_once
@@ -71,3 +72,38 @@ def test_the_loop_runs_passes_until_stopped(sqlite_url: str) -> None:
     time.sleep(0.2)
     assert loop.passes == n, "stopped means stopped"
     engine.dispose()
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_gpufleet_worker_runs_the_housekeeping(sqlite_url: str, redis_url: str, tmp_path: Any) -> None:
+    """`gpufleet worker` alone (no collector anywhere) still ends stale jobs, and its Celery
+    worker comes up: the settings reach it from flags and the environment, none written back."""
+    import os
+    import subprocess
+    import sys
+
+    from gpufleet.storage.db import make_engine
+
+    engine = make_engine(sqlite_url)
+    add_job(engine, "stale", start=time.time() - 3600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    env["GPUFLEET_MAINTENANCE_INTERVAL_S"] = "0.5"
+    broker = redis_url.rsplit("/", 1)[0] + "/9"
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "worker", "--database-url", sqlite_url,
+                                 "--redis-url", broker, "--concurrency", "1", "--data-dir", str(tmp_path)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (_states(engine)["stale"][0] == "ended"
+                                                    and "ready." in log.read_text()):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert _states(engine)["stale"][0] == "ended", log.read_text()[-3000:]
+        assert "ready." in log.read_text(), log.read_text()[-3000:]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        engine.dispose()
