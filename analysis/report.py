@@ -78,10 +78,13 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
 
     findings: list[Finding] = []
     job: JobView | None = None
+    abstained: dict[str, str] = {}
     if feats.n.size and feats.n.sum() > 0:
         w = build_windows(feats, th.general.window_s, th.general.min_window_coverage)
         job = JobView(w, CounterMinutes.of(feats), MinuteSignals.of(feats), ctx, th, events or [], fabric=fabric)
-        findings = run_detectors(job)
+        found = run_detectors(job)
+        findings = found.findings
+        abstained = {k: f"needs {', '.join(v)}" for k, v in found.abstained.items()}
     # Ended jobs: nothing is going on any more.
     for fd in findings:
         fd.ongoing = fd.ongoing and meta.running
@@ -186,6 +189,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
         "per_gpu": per_gpu,
         "sample_interval_s": _r(feats.interval_s, 3),
         "coverage": coverage,
+        "abstained": abstained,
         "workload": (meta.workload or WorkloadClass(None, "not known")).as_json(),
         "notes": notes,
     }

@@ -31,11 +31,11 @@ from . import (
     straggler,
     throttled,
 )
-from .base import DetectorSpec, Finding, Found, JobContext, JobView
+from .base import DetectorSpec, Finding, Found, JobContext, JobView, Signals
 
 
 def _spec(module: Any) -> DetectorSpec[Any]:
-    return DetectorSpec(module.KIND, module.Config, module.detect)
+    return DetectorSpec(module.KIND, module.Config, module.detect, getattr(module, "SIGNALS", Signals()))
 
 
 DETECTORS: tuple[DetectorSpec[Any], ...] = tuple(_spec(m) for m in (
@@ -54,11 +54,12 @@ def features_for(th: Thresholds, ts: np.ndarray, gpu: np.ndarray, cols: dict[str
                            critical_xids=th.get(hw_fault.Config).critical_xids, b0=b0)
 
 
-def run_detectors(job: JobView) -> list[Finding]:
+def run_detectors(job: JobView) -> Found:
+    """Every detector in order; the findings and which kinds abstained for lack of signals."""
     found = Found()
     for d in DETECTORS:
         found.findings.extend(d.run(job, found))
-    return found.findings
+    return found
 
 
 __all__ = ["DETECTORS", "DetectorSpec", "Finding", "Found", "JobContext", "JobView", "features_for", "run_detectors"]

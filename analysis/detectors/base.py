@@ -123,6 +123,13 @@ class Coverage:
         return cls(has(f.sm), has(f.tensor), has(f.dram), has(f.gpu_util), has(f.power), has(f.clock),
                    has(f.nvl_tx, f.nvl_rx, f.ib_tx, f.ib_rx), has(f.fb_total))
 
+    def has(self, signal: str) -> bool:
+        """Any of the job's GPUs reported ``signal`` (the names detectors declare in SIGNALS)."""
+        col = {"sm_active": self.profiling, "tensor_active": self.tensor, "dram_active": self.dram,
+               "gpu_util": self.gpu_util, "power_w": self.power, "sm_clock_mhz": self.clock, "links": self.links,
+               "fb_total_bytes": self.fb_total}[signal]
+        return bool(col.any())
+
     def as_json(self) -> dict[str, int]:
         return {"n_gpus": len(self.profiling), "sm_active": int(self.profiling.sum()),
                 "tensor_active": int(self.tensor.sum()), "dram_active": int(self.dram.sum()),
@@ -205,9 +212,10 @@ class JobView:
 
 @dataclass
 class Found:
-    """Findings so far, in registry order."""
+    """Findings so far, in registry order, and the kinds that abstained (kind -> missing signals)."""
 
     findings: list[Finding] = field(default_factory=list)
+    abstained: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def windows(self, *kinds: str) -> np.ndarray | None:
         """Windows flagged by any finding of ``kinds`` (None before any finding exists)."""
@@ -275,6 +283,26 @@ def confidence(job: JobView, em: np.ndarray) -> tuple[str, list[str]]:
     return ("medium" if from_util > 0.5 else "high"), basis
 
 
+@dataclass(frozen=True)
+class Signals:
+    """What a detector judges from: all of ``needs``, else all of ``fallback`` (empty: no
+    fallback); ``corroborate`` only strengthens a verdict. Neither set reported by any GPU of
+    the job: the detector abstains (the report says so), it never reads the gap as zero."""
+
+    needs: tuple[str, ...] = ()
+    fallback: tuple[str, ...] = ()
+    corroborate: tuple[str, ...] = ()
+
+    def missing(self, cov: Coverage) -> tuple[str, ...]:
+        """The needed signals nobody reported, when no complete set is there (else ())."""
+        lack = tuple(s for s in self.needs if not cov.has(s))
+        if not lack:
+            return ()
+        if self.fallback and all(cov.has(s) for s in self.fallback):
+            return ()
+        return lack
+
+
 Cfg = TypeVar("Cfg", bound=KindConfig)
 
 
@@ -283,6 +311,11 @@ class DetectorSpec(Generic[Cfg]):
     kind: str
     config: type[Cfg]
     detect: Callable[[JobView, Cfg, Found], list[Finding]]
+    signals: Signals = Signals()
 
     def run(self, job: JobView, found: Found) -> list[Finding]:
+        lack = self.signals.missing(job.coverage)
+        if lack:
+            found.abstained[self.kind] = lack
+            return []
         return self.detect(job, job.th.get(self.config), found)

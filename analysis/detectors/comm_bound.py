@@ -9,9 +9,10 @@ import numpy as np
 
 from ..config import KindConfig
 from ..windows import episode_mask, masked_median, share
-from .base import Finding, Found, JobView, make_finding, r3
+from .base import Finding, Found, JobView, Signals, make_finding, r3
 
 KIND = "comm_bound"
+SIGNALS = Signals(needs=("sm_active", "links"))
 
 
 @dataclass(frozen=True, kw_only=True)

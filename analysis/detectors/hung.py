@@ -19,9 +19,10 @@ from gpufleet.flagkinds import flag_kinds
 
 from ..config import KindConfig
 from ..windows import detect as find_episodes
-from .base import Finding, Found, JobView, confidence, r3
+from .base import Finding, Found, JobView, Signals, confidence, r3
 
 KIND = "hung"
+SIGNALS = Signals(needs=("gpu_util", "sm_active"), corroborate=("tensor_active", "dram_active", "links", "power_w"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,9 +11,10 @@ import numpy as np
 from gpufleet.flagkinds import flag_kinds
 
 from ..config import KindConfig
-from .base import Finding, Found, JobView
+from .base import Finding, Found, JobView, Signals
 
 KIND = "hw_fault"
+SIGNALS = Signals()  # error counters and agent events, whatever else is measured
 
 
 @dataclass(frozen=True, kw_only=True)

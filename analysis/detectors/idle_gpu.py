@@ -9,9 +9,10 @@ import numpy as np
 
 from ..config import KindConfig
 from ..windows import episode_mask
-from .base import Finding, Found, JobView, make_finding, r3
+from .base import Finding, Found, JobView, Signals, make_finding, r3
 
 KIND = "idle_gpu"
+SIGNALS = Signals(needs=("sm_active",), fallback=("gpu_util",), corroborate=("power_w",))
 
 
 @dataclass(frozen=True, kw_only=True)

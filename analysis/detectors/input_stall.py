@@ -9,9 +9,10 @@ import numpy as np
 
 from ..config import KindConfig
 from ..windows import episode_mask, share
-from .base import Finding, Found, JobView, make_finding, r3
+from .base import Finding, Found, JobView, Signals, make_finding, r3
 
 KIND = "input_stall"
+SIGNALS = Signals(needs=("sm_active",))
 
 
 @dataclass(frozen=True, kw_only=True)

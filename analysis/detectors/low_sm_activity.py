@@ -16,9 +16,10 @@ import numpy as np
 
 from ..config import KindConfig
 from ..windows import episode_mask, episodes, masked_median
-from .base import Finding, Found, JobView, make_finding
+from .base import Finding, Found, JobView, Signals, make_finding
 
 KIND = "low_sm_activity"
+SIGNALS = Signals(needs=("sm_active",))
 # Causes more specific than "SMs mostly empty": where one flagged, this one stays quiet.
 EXPLAINED_BY = ("idle_gpu", "oversized_allocation", "hung", "comm_bound", "input_stall", "memory_underuse", "straggler",
                 "pipeline_imbalance")

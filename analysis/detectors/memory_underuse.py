@@ -13,9 +13,10 @@ import numpy as np
 
 from ..config import KindConfig
 from ..windows import episode_mask, masked_median
-from .base import Finding, Found, JobView, make_finding, r3
+from .base import Finding, Found, JobView, Signals, make_finding, r3
 
 KIND = "memory_underuse"
+SIGNALS = Signals(needs=("sm_active", "fb_total_bytes"), fallback=("gpu_util", "fb_total_bytes"))
 
 
 @dataclass(frozen=True, kw_only=True)

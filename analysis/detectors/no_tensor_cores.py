@@ -13,9 +13,10 @@ import numpy as np
 
 from ..config import KindConfig
 from ..windows import episode_mask, masked_median
-from .base import Finding, Found, JobView, make_finding
+from .base import Finding, Found, JobView, Signals, make_finding
 
 KIND = "no_tensor_cores"
+SIGNALS = Signals(needs=("sm_active", "tensor_active"), corroborate=("dram_active",))
 
 
 @dataclass(frozen=True, kw_only=True)

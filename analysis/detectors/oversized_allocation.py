@@ -7,9 +7,10 @@ from typing import ClassVar
 
 from ..config import KindConfig
 from ..windows import episode_mask, share
-from .base import Finding, Found, JobView, make_finding
+from .base import Finding, Found, JobView, Signals, make_finding
 
 KIND = "oversized_allocation"
+SIGNALS = Signals(needs=("sm_active",), fallback=("gpu_util",), corroborate=("power_w",))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,11 +11,12 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from .base import Finding, Found, JobView, make_finding
+from .base import Finding, Found, JobView, Signals, make_finding
 from .straggler import Config as StragglerConfig
 from .straggler import deviants, med_over
 
 KIND = "pipeline_imbalance"
+SIGNALS = Signals(needs=("sm_active", "sm_clock_mhz"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,10 +15,11 @@ import numpy as np
 
 from ..config import KindConfig
 from ..windows import Detection, episode_mask, masked_median, share
-from .base import Finding, Found, JobView, make_finding, r3
+from .base import Finding, Found, JobView, Signals, make_finding, r3
 from .hw_fault import Config as FaultConfig
 
 KIND = "straggler"
+SIGNALS = Signals(needs=("sm_active", "sm_clock_mhz"), corroborate=("power_w",))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,10 +9,11 @@ import numpy as np
 
 from ..config import KindConfig
 from ..windows import episode_mask, share
-from .base import Finding, Found, JobView, make_finding
+from .base import Finding, Found, JobView, Signals, make_finding
 from .straggler import Config as StragglerConfig
 
 KIND = "throttled"
+SIGNALS = Signals(needs=("sm_clock_mhz",), corroborate=("power_w",))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,10 @@ def test_busy_gpus_without_profiling_are_not_idle(interval: float) -> None:
     assert any("profiling metrics missing on 8/8 GPUs: judged from gpu_util and power" in n
                for n in res.report["notes"])
     assert res.report["coverage"]["sm_active"] == 0 and res.report["coverage"]["gpu_util"] == 8
+    # the detectors that need profiling metrics said they abstained, and why
+    ab = res.report["abstained"]
+    assert ab["no_tensor_cores"] == "needs sm_active, tensor_active" and ab["hung"] == "needs sm_active"
+    assert "idle_gpu" not in ab and "memory_underuse" not in ab  # they fall back to gpu_util
 
 
 @pytest.mark.parametrize("interval", [1.0, 60.0])
