@@ -38,7 +38,8 @@ def render_job(spec: JobSpec, *, base_ts: float, interval_s: float, rng: np.rand
     t0 = base_ts + spec.offset_s
     out = []
     for s, g in zip(spec.slots, spec.truths, strict=True):
-        out.append(render(g, t0=t0, interval_s=interval_s, field_set=spec.field_set, rng=rng,
+        out.append(render(g, t0=t0, interval_s=interval_s, field_set=spec.node_field_set.get(s.node, spec.field_set),
+                          rng=rng,
                           gaps=spec.gaps.get(s.node, []), profiling_paused=spec.profiling_paused))
     return RenderedJob(spec, t0, out)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (  # noqa: F401  (registration happens at import)
+    scenarios_borderline,
     scenarios_coverage,
     scenarios_faults,
     scenarios_hpc,

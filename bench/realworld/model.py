@@ -89,6 +89,7 @@ class JobSpec:
     offset_s: float = 0.0  # start relative to the scenario's base time
     gaps: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # node -> agent-down spans
     profiling_paused: list[tuple[float, float]] = field(default_factory=list)
+    node_field_set: dict[str, str] = field(default_factory=dict)  # nodes whose fleet image differs
 
 
 @dataclass(frozen=True)
