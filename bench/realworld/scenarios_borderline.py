@@ -191,3 +191,46 @@ def serving_tensor_parallel(rng: np.random.Generator, seed: int) -> list[JobSpec
     jid, meta = k8s(f"vllm-70b-tp4-{stable_id('tp4', seed, digits=5)}-k2", namespace="inference",
                     owner_kind="Deployment", owner_name="vllm-llama3-70b", app="vllm-llama3-70b")
     return [job(jid, meta, d, sl, tr, expect(allowed=SERVING_OK), "tp serving", field_set="dcgm_no_ib")]
+
+
+@scenario("serving_zero_traffic", requires=["idle_gpu"], allows=sorted(SERVING_OK),
+          why="A canary replica nobody routes to holds a GPU with a full KV cache and serves zero requests for 3 h: "
+          "idle, whatever its workload class (an idle serving GPU is still an idle GPU).")
+def serving_zero_traffic(rng: np.random.Generator, seed: int) -> list[JobSpec]:
+    """Forgotten canaries and shadow deployments are a known source of idle inference GPUs;
+    the serving class changes the advice (scale to zero), not whether the GPU is idle."""
+    d = 3 * 3600
+    sl = slots(f"canary-{seed}", H100, 1)
+    tr = truths(rng, sl, d)
+    g = tr[0]
+    g.fill(0, 120, {"duty": 0.4, "sm": 0.2, "pcie_rx": 12e9})
+    g.memory(0, 120, 0.6 * GIB)
+    g.memory(120, d, 0.9 * g.device.memory_total_bytes)
+    jid, meta = k8s(f"vllm-canary-{stable_id('canary', seed, digits=5)}-z8", namespace="inference",
+                    owner_kind="Deployment", owner_name="vllm-canary", app="vllm-canary")
+    labels = expect(any_of=[["idle_gpu", *sorted(SERVING_OK - {"low_sm_activity"})]], allowed=["low_sm_activity"])
+    return [job(jid, meta, d, sl, tr, labels, "zero traffic", field_set="dcgm_no_ib")]
+
+
+@scenario("benign_error_counters", why="Healthy training whose GPUs log what healthy GPUs log: a few corrected ECC "
+          "errors, a dozen NVLink CRC retries, a handful of PCIe replays, a stale XID from an earlier job: no fault.")
+def benign_error_counters(rng: np.random.Generator, seed: int) -> list[JobSpec]:
+    """Corrected (single-bit) ECC errors and occasional link retries are normal at fleet scale
+    (NVIDIA's XID and ECC documentation: SBEs are corrected in hardware; GCM alerts on
+    uncorrectable errors and retirement failures, not on a few retries)."""
+    d = 7200
+    sl = slots(f"benign-{seed}", H100, 8)
+    tr = truths(rng, sl, d)
+    ph = training_schedule(rng, d)
+    for g in tr:
+        paint(g, ph, PAINTERS, rank_scale=float(1 + rng.normal(0, 0.01)))
+        training_memory(g, (0.7, 0.85), rng)
+        for _ in range(int(rng.integers(0, 4))):
+            g.bump("ecc_sbe", float(rng.uniform(0, d)), 1)
+        for _ in range(int(rng.integers(2, 14))):
+            g.bump("nvlink_err", float(rng.uniform(0, d)), 1)
+        for _ in range(int(rng.integers(0, 6))):
+            g.bump("pcie_replay", float(rng.uniform(0, d)), 1)
+    tr[0].xid[:] = 43  # the previous job on this GPU ended with an application fault
+    meta = slurm("llm-benign", user=str(rng.choice(USERS)), ntasks=8)
+    return [job(stable_id("benign", seed), meta, d, sl, tr, expect(), "benign counters")]
