@@ -108,6 +108,7 @@ class Reporter:
         self.sent = 0
         self.ident = identity_from_env()
         self.meta: dict[str, Any] = {}
+        self._explicit: dict[str, Any] = {}
         self._wall0 = time.time()
         self._mono0 = time.monotonic()
         self._pid = os.getpid()
@@ -153,7 +154,11 @@ class Reporter:
     def init(self, job_id: str | None = None, rank: int | None = None, world_size: int | None = None,
              flops_per_step: float | None = None, params: int | None = None) -> None:
         try:
-            self.ident = identity_from_env(job_id, rank, world_size)
+            # A later init() (a framework callback adding params) keeps what an earlier one named.
+            self._explicit.update({k: v for k, v in (("job", job_id), ("rank", rank), ("world", world_size))
+                                   if v is not None})
+            e = self._explicit
+            self.ident = identity_from_env(e.get("job"), e.get("rank"), e.get("world"))
             if flops_per_step is not None:
                 self.meta["flops_per_step"] = float(flops_per_step)
             if params is not None:
