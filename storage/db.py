@@ -6,8 +6,8 @@ Where the URL comes from (flags, ``GPUFLEET_DATABASE_URL``) is the settings' bus
 from __future__ import annotations
 
 import os
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
