@@ -249,7 +249,9 @@ job_samples_1m = Table(
 
 
 # Tables owned by other parts, on the same metadata (imported last: they need Base).
-from gpufleet.storage import alert_models  # noqa: E402, F401
-from gpufleet.storage import progress_models  # noqa: E402, F401
-from gpufleet.storage import collectives_models  # noqa: E402, F401
-from gpufleet.storage import session_models  # noqa: E402, F401
+from gpufleet.storage import (  # noqa: E402
+    alert_models,  # noqa: F401
+    collectives_models,  # noqa: F401
+    progress_models,  # noqa: F401
+    session_models,  # noqa: F401
+)
