@@ -73,6 +73,9 @@ class Score:
     confidence_checked: int
     confidence_bad: int
     confidence_unreported: int
+    healthy_with_allowed: int = 0  # healthy jobs that raised only allowed kinds (shown, not counted)
+    fleet_allocated_gpu_hours: float = 0.0
+    fleet_wasted_gpu_hours: float = 0.0
 
 
 def confidence_of(flag: dict[str, Any]) -> str | None:
@@ -127,7 +130,8 @@ def score(outcomes: list[Outcome]) -> Score:
     kinds: dict[str, KindScore] = {k: KindScore() for k in KINDS}
     problems: list[Problem] = []
     healthy = flagged = 0
-    acc_checked = acc_bad = conf_checked = conf_bad = conf_unrep = 0
+    acc_checked = acc_bad = conf_checked = conf_bad = conf_unrep = with_allowed = 0
+    fleet_alloc = fleet_waste = 0.0
     for o in outcomes:
         e, raised = o.expect, o.raised
 
@@ -162,7 +166,11 @@ def score(outcomes: list[Outcome]) -> Score:
             healthy += 1
             if raised - ok:
                 flagged += 1
+            elif raised:
+                with_allowed += 1
         if o.report is not None:
+            fleet_alloc += float(o.report.get("allocated_gpu_hours") or 0.0)
+            fleet_waste += float(o.report.get("wasted_gpu_hours") or 0.0)
             acc_checked += 1
             bad = accounting_problems(o)
             if bad:
@@ -181,7 +189,7 @@ def score(outcomes: list[Outcome]) -> Score:
                     conf_bad += 1
                     problem("confidence", f"{f['kind']}: confidence high, judged without profiling metrics", o)
     return Score(kinds, healthy, flagged, len(outcomes), problems, acc_checked, acc_bad, conf_checked, conf_bad,
-                 conf_unrep)
+                 conf_unrep, with_allowed, fleet_alloc, fleet_waste)
 
 
 def by_interval(outcomes: list[Outcome]) -> dict[int, Score]:
@@ -221,7 +229,11 @@ def markdown(outcomes: list[Outcome], deadline_problems: list[Problem] | None = 
         lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
     lines.append("| healthy flagged | " + " | ".join(f"{per[iv].healthy_flagged}/{per[iv].healthy_jobs}" for iv in ivs)
                  + " |")
-    lines += ["", f"Jobs: {total.jobs} ({total.healthy_jobs} healthy, {total.healthy_flagged} of them flagged). "
+    fleet_ok = "<=" if total.fleet_wasted_gpu_hours <= total.fleet_allocated_gpu_hours + EPS else "ABOVE"
+    lines += ["", f"Jobs: {total.jobs} ({total.healthy_jobs} healthy, {total.healthy_flagged} of them flagged; "
+              f"{total.healthy_with_allowed} more raised only kinds their labels allow). "
+              f"Fleet waste {total.fleet_wasted_gpu_hours:.1f} {fleet_ok} fleet allocation "
+              f"{total.fleet_allocated_gpu_hours:.1f} GPU-h. "
               f"Accounting (waste <= allocation, score in 0..1): {total.accounting_bad} of {total.accounting_checked} "
               f"reports break it. Confidence on fallback-judged flags: {total.confidence_checked} checked, "
               f"{total.confidence_bad} high, {total.confidence_unreported} without a confidence."]
