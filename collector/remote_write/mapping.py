@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpufleet import dcgm
 from gpufleet.catalog import Field
@@ -131,6 +132,8 @@ class Conversion:
     ignored: Counter[str] = field(default_factory=Counter)  # series by reason
     dropped: Counter[str] = field(default_factory=Counter)  # samples by reason
     rate_updates: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+    prepared: list[Any] = field(default_factory=list)  # the batches as the write path's Prepared
+    rejected: list[tuple[int, str]] = field(default_factory=list)  # (status, detail) of refused batches
 
     def summary(self) -> dict[str, object]:
         return {"series": self.series, "samples": self.samples, "values": self.stored_values,

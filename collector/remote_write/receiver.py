@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
+from starlette.concurrency import run_in_threadpool
 
 from gpufleet.protocol import ProtocolError
 from gpufleet.storage import tokens
@@ -81,7 +82,7 @@ class Receiver:
         self.series = SeriesMap()
         self.rates = RateState()
         self.stats = Stats()
-        self._convert_lock = asyncio.Lock()
+        self._lock = threading.Lock()
 
     async def handle(self, headers: dict[bytes, str], read_body: BodyReader, cluster_param: str | None) -> Answer:
         status, body, extra = await self._handle(headers, read_body, cluster_param)
@@ -115,6 +116,19 @@ class Receiver:
         body = await _read_body(read_body, limit, h.get(b"content-length"))
         if not isinstance(body, bytes):
             return body
+        # Decoding and regrouping are CPU work (milliseconds for a 2,000-series body): off the
+        # event loop, so ingest requests and API reads keep being answered meanwhile.
+        parsed = await run_in_threadpool(self._parse, body, cluster, limit)
+        if isinstance(parsed, tuple):
+            return parsed
+        return await self._store(parsed)
+
+    def _parse(self, body: bytes, cluster: str, limit: int) -> Conversion | Answer:
+        from gpufleet.collector.columns import prepare
+        from gpufleet.collector.errors import BatchRejected
+        from gpufleet.collector.validate import check_batch
+
+        coll = self.coll
         try:
             raw = wire.unsnappy(body, max_size=limit)
             req = wire.decode(raw, self.series.known)
@@ -122,34 +136,33 @@ class Receiver:
             return _answer(413 if "exceeds" in str(e) else 400, str(e))
         cfg = coll.config
         now = time.time()
+        max_rows = int(_http(coll).max_rows_per_batch)
         # Same request bytes -> same keys: a retry after a lost answer is a duplicate.
         digest = hashlib.blake2b(raw, digest_size=12, person=b"gpufleet-rw", key=cluster.encode()[:64]).hexdigest()
-        async with self._convert_lock:  # the rate state is shared by concurrent requests
+        with self._lock:  # the series map and the rate state are shared by concurrent requests
             conv = convert(req, self.series, self.rates, cluster=cluster, digest=digest, now=now,
-                           max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s,
-                           max_rows=int(_http(coll).max_rows_per_batch))
-        answer = await self._store(conv, now)
-        return answer
+                           max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, max_rows=max_rows)
+        for b in conv.batches:
+            try:
+                prep = prepare(b)
+                check_batch(b, prep, now, max_rows=max_rows, max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s)
+                conv.prepared.append(prep)
+            except BatchRejected as e:
+                conv.rejected.append((e.status, f"node {b.agent.node!r}: {e.detail}"))
+        return conv
 
-    async def _store(self, conv: Conversion, now: float) -> Answer:
-        from gpufleet.collector.columns import prepare
+    async def _store(self, conv: Conversion) -> Answer:
         from gpufleet.collector.errors import BatchRejected
-        from gpufleet.collector.validate import check_batch
         from gpufleet.collector.writer import Overloaded, Unavailable
 
         coll = self.coll
         cfg = coll.config
         futs: list[asyncio.Future[Any]] = []
-        rejected: list[tuple[int, str]] = []
+        rejected = list(conv.rejected)
         busy: str | None = None
-        for b in conv.batches:
+        for prep in conv.prepared:
             try:
-                prep = prepare(b)
-                check_batch(b, prep, now, max_rows=int(_http(coll).max_rows_per_batch),
-                            max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s)
                 futs.append(coll.writer.submit(prep))
-            except BatchRejected as e:
-                rejected.append((e.status, f"node {b.agent.node!r}: {e.detail}"))
             except (Overloaded, Unavailable) as e:
                 busy = str(e)
                 break
@@ -169,16 +182,14 @@ class Receiver:
                 continue
             rows += res.stored
             dupes += int(res.duplicate)
-        if busy is not None:
-            self.stats.add(503)
+        if busy is not None:  # (handle() counts the answer)
             return _answer(503, f"{busy}; retry (committed parts are acknowledged as duplicates)",
                            cfg.retry_after_s)
         if rejected:
             status = rejected[0][0]
-            self.stats.add(status)
             log.warning("remote write: %d batch(es) refused: %s", len(rejected), rejected[0][1])
             return _answer(status, "; ".join(d for _, d in rejected[:5]) + " (the request's other nodes are stored)")
-        async with self._convert_lock:
+        with self._lock:
             self.rates.commit(conv.rate_updates)
         self.stats.add(200, conv, rows, dupes)
         out = conv.summary()

@@ -169,3 +169,26 @@ def test_analysis_lag_gauge_for_the_prometheus_rule(database_url, live_server) -
     assert not run_analysis(e).errors
     assert lag() == 0.0
     e.dispose()
+
+
+def test_a_gpu_held_by_another_node_is_a_4xx_naming_it_and_the_other_nodes_are_stored(database_url,
+                                                                                       live_server) -> None:
+    from tests.collector.conftest import gpu_uuid, make_batch
+    from tests.collector.test_ingest import post as post_batch
+
+    srv = live_server(database_url)
+    e = make_engine(database_url)
+    taken = gpu_uuid("node-a", 0)
+    assert post_batch(srv.url, make_batch("node-a", gpus=1, seconds=1, start=time.time() - 30)).status_code == 200
+    before = stored(e)
+    raw = body([({"__name__": "DCGM_FI_DEV_POWER_USAGE", "UUID": taken, "gpu": "0", "Hostname": "node-b"},
+                 [(T0, 100.0)]),
+                ({"__name__": "DCGM_FI_DEV_POWER_USAGE", "UUID": "GPU-free", "gpu": "0", "Hostname": "node-c"},
+                 [(T0, 200.0)])])
+    r = post(srv.url, raw)
+    assert r.status_code == 409 and taken in r.json()["detail"] and "node-a" in r.json()["detail"], r.text
+    got = stored(e)
+    assert got - before == {("GPU-free", T0 / 1000): 1}  # node-c stored, node-b's row not
+    text = httpx.get(srv.url + "/metrics").text
+    assert 'gpufleet_remote_write_requests_total{status="409"} 1.0' in text  # counted once
+    e.dispose()
