@@ -76,6 +76,8 @@ class Score:
     healthy_with_allowed: int = 0  # healthy jobs that raised only allowed kinds (shown, not counted)
     fleet_allocated_gpu_hours: float = 0.0
     fleet_wasted_gpu_hours: float = 0.0
+    coverage_notes_checked: int = 0  # fallback-judged jobs whose report must say what it judged from
+    coverage_notes_missing: int = 0
 
 
 def confidence_of(flag: dict[str, Any]) -> str | None:
@@ -130,7 +132,7 @@ def score(outcomes: list[Outcome]) -> Score:
     kinds: dict[str, KindScore] = {k: KindScore() for k in KINDS}
     problems: list[Problem] = []
     healthy = flagged = 0
-    acc_checked = acc_bad = conf_checked = conf_bad = conf_unrep = with_allowed = 0
+    acc_checked = acc_bad = conf_checked = conf_bad = conf_unrep = with_allowed = notes_checked = notes_bad = 0
     fleet_alloc = fleet_waste = 0.0
     for o in outcomes:
         e, raised = o.expect, o.raised
@@ -176,6 +178,14 @@ def score(outcomes: list[Outcome]) -> Score:
             if bad:
                 acc_bad += 1
                 problem("accounting", "; ".join(bad), o)
+        if e.low_confidence and o.report is not None:
+            # issue 13: the report says what it judged from ("... judged from gpu_util ...")
+            body = o.report.get("report") if isinstance(o.report.get("report"), dict) else {}
+            notes = [str(n) for n in body.get("notes") or []]
+            notes_checked += 1
+            if not any("gpu_util" in n for n in notes):
+                notes_bad += 1
+                problem("coverage note", f"no report note says it judged from gpu_util (notes: {notes[:3]})", o)
         if e.low_confidence:
             for f in o.flags:
                 if f["kind"] not in ok:
@@ -189,7 +199,7 @@ def score(outcomes: list[Outcome]) -> Score:
                     conf_bad += 1
                     problem("confidence", f"{f['kind']}: confidence high, judged without profiling metrics", o)
     return Score(kinds, healthy, flagged, len(outcomes), problems, acc_checked, acc_bad, conf_checked, conf_bad,
-                 conf_unrep, with_allowed, fleet_alloc, fleet_waste)
+                 conf_unrep, with_allowed, fleet_alloc, fleet_waste, notes_checked, notes_bad)
 
 
 def by_interval(outcomes: list[Outcome]) -> dict[int, Score]:
@@ -236,7 +246,8 @@ def markdown(outcomes: list[Outcome], deadline_problems: list[Problem] | None = 
               f"{total.fleet_allocated_gpu_hours:.1f} GPU-h. "
               f"Accounting (waste <= allocation, score in 0..1): {total.accounting_bad} of {total.accounting_checked} "
               f"reports break it. Confidence on fallback-judged flags: {total.confidence_checked} checked, "
-              f"{total.confidence_bad} high, {total.confidence_unreported} without a confidence."]
+              f"{total.confidence_bad} high, {total.confidence_unreported} without a confidence; "
+              f"coverage notes missing on {total.coverage_notes_missing} of {total.coverage_notes_checked}."]
     if deadline_checked:
         met = deadline_checked - len(deadline_problems or [])
         lines.append(f"Deadlines (e.g. hung within 15 min of the hang): {met} of {deadline_checked} met.")

@@ -86,3 +86,6 @@ def test_accounting_and_confidence_checks():
     detail = next(p.detail for p in s.problems if p.what == "accounting")
     assert "4.900 > allocated 4.700" in detail and "outside 0..1" in detail
     assert (s.confidence_checked, s.confidence_bad, s.confidence_unreported) == (2, 1, 0)
+    assert (s.coverage_notes_checked, s.coverage_notes_missing) == (2, 2)
+    good.report["report"] = {"notes": ["profiling metrics missing on 1/1 GPUs: judged from gpu_util"]}
+    assert score([good]).coverage_notes_missing == 0
