@@ -4,5 +4,7 @@ product's public path (protocol batches / NDJSON -> storage -> ``run_analysis`` 
 
 Modules: ``hardware`` (device specs), ``signals`` (per-second truth: activity, physics,
 counters), ``render`` (sampling at an interval into catalog fields), ``model`` (job spec,
-labels, registry), ``scenarios_*`` (the library), ``feed`` (into a database), ``score``
-(precision/recall, pure), ``run`` (the command). See docs/evaluation.md."""
+labels, registry), ``builders`` (slots, scheduler metadata, phase schedules, common levels),
+``scenarios_*`` (the library; ``library`` imports them all), ``feed`` (into a database and
+back), ``reference`` (the GPU_UTIL rules beside the engine), ``score`` (precision/recall and
+checks, pure), ``run`` (the command). See docs/evaluation.md."""
