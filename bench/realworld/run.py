@@ -20,6 +20,7 @@ import json
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,10 @@ def run_interval(interval: int, names: list[str], seeds: list[int] | None, workd
     return IntervalResult(outcomes, dproblems, len(live), timing, reference)
 
 
+def _run_logged(iv: int, names: list[str], seeds: list[int] | None, work: Path) -> IntervalResult:
+    return run_interval(iv, names, seeds, work, log=lambda m: print(m, file=sys.stderr, flush=True))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--interval", action="append", type=int, help="sampling interval(s) in s (default 1, 10, "
@@ -172,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=None, help="first N seeds of every scenario (default: each "
                                                             "scenario's)")
     ap.add_argument("--quick", action="store_true", help="one seed per scenario")
+    ap.add_argument("--workers", type=int, default=1, help="intervals analyzed in parallel processes (default 1)")
     ap.add_argument("--out", type=Path, help="write the Markdown report here too")
     ap.add_argument("--json", type=Path, help="write every outcome (labels, flags raised) as JSON here")
     ap.add_argument("--workdir", type=Path, help="keep the databases here (default: a temporary directory)")
@@ -192,8 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpufleet-realworld-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        for iv in intervals:
-            res = run_interval(iv, names, seeds, work, log=lambda m: print(m, file=sys.stderr, flush=True))
+        if args.workers > 1:  # intervals are independent databases: one process each
+            with ProcessPoolExecutor(args.workers) as pool:
+                results = list(pool.map(_run_logged, intervals, [names] * len(intervals),
+                                        [seeds] * len(intervals), [work] * len(intervals)))
+        else:
+            results = [_run_logged(iv, names, seeds, work) for iv in intervals]
+        for iv, res in zip(intervals, results, strict=True):
             outcomes += res.outcomes
             reference += res.reference
             dprob += res.deadline_problems
