@@ -81,6 +81,7 @@ def prepare(batch: Batch) -> Prepared:
     vals = np.full((NF, n), np.nan)
     present = [(FIELD_INDEX[name], name) for name in s if name in FIELD_INDEX]
     if present and n and _fast_fields(s, present, vals):
+        check_unique_rows(ts, gpu)
         return Prepared(batch, ts, list(gpu), list(job), vals, tuple(name for _, name in present))
     cols = []
     for name, col in s.items():
@@ -99,6 +100,7 @@ def prepare(batch: Batch) -> Prepared:
             why = f.check(col[i]) or f"{name}: {col[i]!r} must be an integer"
             raise reject("samples", why.split(": ", 1)[1], field=name, row=i)
         vals[j] = arr
+    check_unique_rows(ts, gpu)
     return Prepared(batch, ts, list(gpu), list(job), vals, tuple(cols))
 
 
@@ -118,6 +120,8 @@ def prepare_typed(batch: Batch, s: dict[str, Any]) -> Prepared | None:
     vals = np.full((NF, n), np.nan)
     present = [(FIELD_INDEX[name], name) for name in s if name in FIELD_INDEX]
     if present and n and not _fast_fields(s, present, vals, typed=True):
+        return None
+    if n > 1 and repeated_row(ts, _codes(s["gpu"])) is not None:
         return None
     job = s.get("job")
     return Prepared(batch, ts, s["gpu"], job if job is not None else [None] * n, vals,
@@ -172,3 +176,37 @@ def field_bounds_ok(mat: np.ndarray, bounds: FieldBounds) -> bool:
             return False
     return True
 
+
+def _codes(gpu: Sequence[str]) -> np.ndarray:
+    codes = {u: k for k, u in enumerate(dict.fromkeys(gpu))}
+    return np.fromiter(map(codes.__getitem__, gpu), dtype=np.int64, count=len(gpu))
+
+
+def repeated_row(ts: np.ndarray, gpu: np.ndarray) -> tuple[int, int] | None:
+    """(row, earlier row) of the first row repeating an earlier row's (gpu, ts), or None.
+    ``gpu``: any integer code per row (the packed indices, or ``_codes``). Rows in (ts, gpu)
+    order, what agents send, are decided with a few comparisons and no sort."""
+    if len(ts) < 2:
+        return None
+    d = ts[1:] - ts[:-1]
+    if ((d > 0) | ((d == 0) & (gpu[1:] > gpu[:-1]))).all():
+        return None
+    order = np.lexsort((gpu, ts))  # stable: the first of equal keys stays first
+    same = np.flatnonzero((ts[order][1:] == ts[order][:-1]) & (gpu[order][1:] == gpu[order][:-1]))
+    if not len(same):
+        return None
+    later = order[same + 1]
+    k = int(np.argmin(later))
+    return int(later[k]), int(order[same[k]])
+
+
+def check_unique_rows(ts: np.ndarray, gpu: Sequence[str]) -> None:
+    """A GPU has one sample per instant: a batch repeating a (gpu, ts) is malformed (an agent
+    never produces one), refused naming both rows rather than silently picking one."""
+    if len(ts) < 2:
+        return
+    hit = repeated_row(ts, _codes(gpu))
+    if hit is not None:
+        r, first = hit
+        raise reject("samples", f"GPU {gpu[r]!r} already has a sample at {float(ts[r]):.3f} (row {first})",
+                     field="ts", row=r)

@@ -16,7 +16,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from gpufleet import protocol
-from gpufleet.collector.columns import FieldBounds, field_bounds, field_bounds_ok, prepare_typed
+from gpufleet.collector.columns import FieldBounds, field_bounds, field_bounds_ok, prepare_typed, repeated_row
 from gpufleet.collector.errors import BatchRejected
 from gpufleet.collector.validate import check_gpus, check_jobs
 from gpufleet.protocol import Allocation, Batch, Event, GpuInfo, JobInfo, Packed
@@ -215,8 +215,8 @@ def _from_packed(b: _Batch, p: Packed, gpus_info: list[GpuInfo], jobs_info: list
     if k and fa is None:
         return None
     ts = np.frombuffer(p.ts, dtype="<f8")
-    if not np.isfinite(ts).all():
-        return None
+    if not np.isfinite(ts).all() or repeated_row(ts, gi) is not None:
+        return None  # the generic path names the value or the repeated row
     vals = np.full((NF, n), np.nan)
     if fa is not None:
         idx, bounds = fa

@@ -101,7 +101,6 @@ def check_batch(batch: Batch, prep: Prepared, now: float, *, max_rows: int, max_
         _check_ts(prep.ts, lo, hi)
         _check_strings("gpu", prep.gpu, 96, required=True)
         _check_strings("job", prep.job, 255, required=False)
-        _check_one_sample_per_gpu_and_ts(prep)
 
 
 def check_gpus(gpus: list[GpuInfo]) -> None:
@@ -155,24 +154,6 @@ def _check_strings(field: str, col: Iterable[Any], limit: int, *, required: bool
             _str("samples", field, v, limit, required=required)
         except BatchRejected as e:
             raise e.at(row=col.index(v)) from None
-
-
-def _check_one_sample_per_gpu_and_ts(prep: Prepared) -> None:
-    """A GPU has one sample per instant: a batch repeating a (gpu, ts) is malformed (an agent
-    never produces one), refused naming both rows rather than silently picking one."""
-    codes = {u: k for k, u in enumerate(dict.fromkeys(prep.gpu))}
-    g = np.fromiter(map(codes.__getitem__, prep.gpu), dtype=np.int64, count=prep.n)
-    ts = prep.ts
-    if prep.n > 1 and ((ts[1:] > ts[:-1]) | ((ts[1:] == ts[:-1]) & (g[1:] > g[:-1]))).all():
-        return  # rows in (ts, gpu) order, what agents send: no repeat possible, no sort needed
-    order = np.lexsort((g, ts))  # stable: the first of equal keys stays first
-    same = np.flatnonzero((ts[order][1:] == ts[order][:-1]) & (g[order][1:] == g[order][:-1]))
-    if len(same):
-        later = order[same + 1]
-        r = int(later.min())
-        first = int(order[same[int(np.argmin(later))]])
-        raise reject("samples", f"GPU {prep.gpu[r]!r} already has a sample at {float(ts[r]):.3f} (row {first})",
-                     field="ts", row=r)
 
 
 def check_jobs_on_own_gpus(prep: Prepared) -> None:

@@ -339,9 +339,10 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
         cpu0, pg0 = session_cpu_s(sid), session_cpu_s(user="postgres")
         w = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
                     seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER,
-                    offset=int(warm["requests"]) + args.wrk_threads)
+                    # past the warm-up's bodies, the ones still in flight when it stopped included
+                    offset=int(warm["requests"]) + 2 * args.nodes)
         elapsed = w["duration_us"] / 1e6
-        sent = int(warm["requests"]) + int(w["requests"])
+        sent = int(warm["requests"]) + 2 * args.nodes + int(w["requests"])
         if sent > len(tpl.batches):
             raise RuntimeError(f"{name}: {sent} requests but only {len(tpl.batches)} distinct bodies, so rows "
                                f"repeated (stored once): raise --windows to at least "
