@@ -122,7 +122,7 @@ def pipeline_stage_imbalance(rng: np.random.Generator, seed: int) -> list[JobSpe
                 g.fill(t0, t1, {**LLM_STEP, "sm": 0.9, "tensor": 0.55})
             else:
                 g.fill(t0, t1, {**LLM_STEP, "sm": 0.9 / heavy, "tensor": 0.55 / heavy, "nvlink": 0.08})
-    meta = slurm("gpt-pp4-dp2", user=str(rng.choice(USERS)), ntasks=8, extra={"parallelism": "pp4_dp2"})
+    meta = slurm("gpt-pp4-dp2", user=str(rng.choice(USERS)), ntasks=8)
     return [job(stable_id("pp", seed), meta, d, sl, tr, expect(allowed=PIPELINE_KINDS), "pipeline imbalance")]
 
 

@@ -122,3 +122,28 @@ def batch_inference_job(rng: np.random.Generator, seed: int) -> list[JobSpec]:
     jid, meta = k8s(f"embed-corpus-{seed}-m4x8d", namespace="search", owner_kind="Job",
                     owner_name=f"embed-corpus-{seed}", app="embedder")
     return [job(jid, meta, d, sl, tr, expect(), "batch inference", field_set="dcgm_no_ib")]
+
+
+@scenario("serving_bursty_plain_labels", allows=sorted(SERVING_OK),
+          why="The bursty serving replica again, but attributed the way today's agent attributes pods (labels pod and "
+          "container only, no owner kind): the request pattern alone must keep it from being an input stall.")
+def serving_bursty_plain_labels(rng: np.random.Generator, seed: int) -> list[JobSpec]:
+    """agent/attribution/kubernetes.py names a pod "namespace/pod" with labels {pod, container}
+    from the kubelet PodResources API, which carries no ownerReferences; issue 13 asks for the
+    class "else inferred from the pattern (steady vs request-driven)". Arrivals as in
+    serving_bursty (BurstGPT's bursty, Gamma-like inter-arrival times)."""
+    d = 3 * 3600
+    on = np.zeros(d, bool)
+    t = 0
+    state = False
+    while t < d:
+        ln = int(rng.exponential(6.0 if state else 10.0)) + 1
+        on[t:t + ln] = state
+        t += ln
+        state = not state
+    rate = np.where(on, float(rng.uniform(8, 14)), 0.05)
+    sl, tr, jid, meta = _replica(rng, seed, "tgi-plain", L40S, d, rate, float(rng.uniform(0.08, 0.12)),
+                                 "Deployment", "tgi-mistral-7b")
+    meta["labels"] = {"pod": meta["labels"]["pod"], "container": meta["labels"]["container"]}
+    return [job(jid, meta, d, sl, tr, expect(allowed=SERVING_OK), "bursty serving, agent's labels",
+                field_set="dcgm_no_ib")]
