@@ -22,7 +22,7 @@ from .builders import (
     truths,
     warmup_painter,
 )
-from .hardware import A100, GIB, H100, L40S
+from .hardware import A100, GIB, H100, H100_MIG_1G10, L40S
 from .model import JobSpec, expect, scenario
 from .scenarios_serving import DECODE, SERVING_OK, busy_from_requests
 from .scenarios_training import USERS
@@ -234,3 +234,46 @@ def benign_error_counters(rng: np.random.Generator, seed: int) -> list[JobSpec]:
     tr[0].xid[:] = 43  # the previous job on this GPU ended with an application fault
     meta = slurm("llm-benign", user=str(rng.choice(USERS)), ntasks=8)
     return [job(stable_id("benign", seed), meta, d, sl, tr, expect(), "benign counters")]
+
+
+@scenario("notebook_sporadic_cells", requires=["low_sm_activity"], allows=["idle_gpu"],
+          why="A notebook where someone runs a 10-40 s cell every 5-15 min for 3 h averages ~3% SM: never all-zero, "
+          "so a strict idle rule misses it, yet 97% of the GPU is wasted and must be flagged.")
+def notebook_sporadic_cells(rng: np.random.Generator, seed: int) -> list[JobSpec]:
+    """Interactive sessions with occasional work are the long tail of low utilisation in
+    university clusters (jobstats' low-utilisation notes; JDS needs every sample at 0 to call
+    a GPU idle)."""
+    d = int(rng.uniform(3.0, 4.0) * 3600)
+    sl = slots(f"nbcells-{seed}", A100, 1)
+    tr = truths(rng, sl, d)
+    g = tr[0]
+    t = float(rng.uniform(60, 300))
+    while t < d:
+        g.fill(t, t + float(rng.uniform(10, 40)), {"duty": 0.95, "sm": 0.6, "tensor": 0.25, "dram": 0.35, "occ": 0.3})
+        t += float(rng.uniform(300, 900))
+    g.memory(0, d, float(rng.uniform(12, 30)) * GIB)
+    meta = slurm("jupyter", user=str(rng.choice(USERS)), partition="interactive", qos="interactive", ntasks=1)
+    labels = expect(any_of=[["low_sm_activity", "idle_gpu"]])
+    return [job(stable_id("nbcells", seed), meta, d, sl, tr, labels, "sporadic notebook")]
+
+
+@scenario("mig_slice_nearly_idle", requires=["low_sm_activity"], allows=["idle_gpu"],
+          why="A pod on the smallest MIG slice (1g.10gb) uses 1 GB at SM ~0.05 for 3 h: wasteful and must be flagged "
+          "(low activity, idle or a tiny workload), though 'move to a MIG slice' would be moot advice.")
+def mig_slice_nearly_idle(rng: np.random.Generator, seed: int) -> list[JobSpec]:
+    """MIG 1g.10gb is the smallest H100 instance (1/7 of the SMs); JDS's too-much-GPU advice
+    targets full GPUs. Memory thresholds must be relative to the device (issue 13)."""
+    d = 3 * 3600
+    sl = slots(f"migidle-{seed}", H100_MIG_1G10, 1)
+    tr = truths(rng, sl, d)
+    g = tr[0]
+    g.alternate(60, d, {"duty": 0.9, "sm": 0.5, "tensor": 0.2, "dram": 0.3}, {}, period_s=60.0,
+                busy_share=float(rng.uniform(0.06, 0.12)))
+    g.memory(0, d, float(rng.uniform(0.8, 1.2)) * GIB)
+    jid, meta = k8s(f"feature-svc-{stable_id('migidle', seed, digits=5)}-x1", namespace="ml-platform",
+                    owner_kind="Deployment", owner_name="feature-svc", app="feature-svc")
+    # memory_underuse is a true observation here (1 of 9.75 GiB) and, as an explanation of the
+    # low activity, acceptable; its usual advice (a MIG slice) is not, which this label cannot see.
+    labels = expect(any_of=[["low_sm_activity", "idle_gpu", "memory_underuse",
+                             *sorted(SERVING_OK - {"low_sm_activity"})]])
+    return [job(jid, meta, d, sl, tr, labels, "mig nearly idle", field_set="mig")]
