@@ -164,6 +164,17 @@ def run_interval(interval: int, names: list[str], seeds: list[int] | None, workd
     return IntervalResult(outcomes, dproblems, len(live), timing, reference)
 
 
+def scenario_table() -> str:
+    """Markdown: every scenario with what it requires and allows and why."""
+    rows = ["| scenario | requires | allows | intervals (s) | why |", "|---|---|---|---|---|"]
+    for name in sorted(REGISTRY):
+        sc = REGISTRY[name]
+        req = ", ".join(f"`{k}`" for k in sorted(sc.requires)) or "nothing (healthy)"
+        alw = ", ".join(f"`{k}`" for k in sorted(sc.allows)) or "-"
+        rows.append(f"| `{name}` | {req} | {alw} | {', '.join(map(str, sc.intervals))} | {sc.why} |")
+    return "\n".join(rows)
+
+
 def _run_logged(iv: int, names: list[str], seeds: list[int] | None, work: Path) -> IntervalResult:
     return run_interval(iv, names, seeds, work, log=lambda m: print(m, file=sys.stderr, flush=True))
 
@@ -181,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the Markdown report here too")
     ap.add_argument("--json", type=Path, help="write every outcome (labels, flags raised) as JSON here")
     ap.add_argument("--workdir", type=Path, help="keep the databases here (default: a temporary directory)")
+    ap.add_argument("--list", action="store_true", help="print the scenario table (labels and reasons) and exit")
     args = ap.parse_args(argv)
+    if args.list:
+        print(scenario_table())
+        return 0
     names = args.scenario or sorted(REGISTRY)
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
