@@ -7,7 +7,8 @@ Mounted ahead of the jobs router, whose ``{job_id:path}`` would otherwise take t
   heatmap) with its node, GPU and NIC (rail); the rank a fabric flag names is marked;
 * ``nics``: per NIC of the job's nodes: link rate, state, traffic, port_xmit_wait and errors per
   sample, and which of the job's GPUs use it;
-* ``flags``: the job's flags whose kind is documented in docs/nccl.md (from the registry).
+* ``flags``: the job's flags whose kind is documented in docs/nccl.md (from the registry);
+* ``comm_share_p50`` and each rank's ``comm_share``: share of wall time inside collectives.
 Unknown values are null, never zero."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from fastapi import APIRouter, HTTPException, Query
 from sqlalchemy import func, select
 
 from gpufleet.analysis.collectives.detect import SlowParams, slow_episodes
-from gpufleet.analysis.collectives.features import Series, build_series
+from gpufleet.analysis.collectives.features import Series, build_series, comm_share
 from gpufleet.analysis.collectives.load import load_fabric
 from gpufleet.flagkinds import flag_kinds
 from gpufleet.storage.collectives_models import GpuNicRow, NicSampleRow
@@ -91,6 +92,8 @@ def read_job_collectives(job_id: JobIdPath, session: SessionDep, cluster: Cluste
     out["series"] = [_series_json(s, baselines.get(s.key)) for s in
                      sorted(series, key=lambda s: (-s.n_nodes, -sum(s.calls)))]
     marked = {(f["scope"], (f["evidence"] or {}).get("rank")) for f in flags}
+    shares = comm_share(view)
+    out["comm_share_p50"] = _num(statistics.median(shares.values())) if shares else None
     multi = [s for s in series if s.n_nodes > 1] or series
     if multi:
         main = max(multi, key=lambda s: sum(s.calls))
@@ -102,7 +105,8 @@ def read_job_collectives(job_id: JobIdPath, session: SessionDep, cluster: Cluste
             rail = next(iter(view.rails.get(gpu or "", [])), None)
             out["ranks"].append({"rank": rank, "node": node, "gpu": gpu, "nic": rail,
                                  "exec_us": [_num(ex.get((node, rank)), 1) for ex in main.exec_us],
-                                 "degraded": (node, rank) in marked})
+                                 "degraded": (node, rank) in marked,
+                                 "comm_share": _num(shares.get((node, gpu))) if gpu else None})
     job_gpus = {(c.node, c.gpu_uuid) for c in view.colls if c.gpu_uuid}
     gpus_of_nic: dict[tuple[str, str], list[str]] = {}
     for node, gpu in sorted(job_gpus):

@@ -124,3 +124,19 @@ def nic_nominal(view: FabricView) -> dict[tuple[str, str], float]:
 
 def as_jsonable(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def comm_share(view: FabricView, window_s: float = 10.0) -> dict[tuple[str, str], float]:
+    """(node, GPU) -> share of wall time its process spent inside collectives (sum over its
+    communicators of calls x median exec time, over the span its windows cover). An upper bound
+    on the share of step time lost to communication: overlapped communication is counted too."""
+    busy: dict[tuple[str, str], float] = {}
+    span: dict[tuple[str, str], tuple[float, float]] = {}
+    for r in view.colls:
+        if not r.gpu_uuid:
+            continue
+        k = (r.node, r.gpu_uuid)
+        busy[k] = busy.get(k, 0.0) + r.count * r.exec_us_p50 / 1e6
+        lo, hi = span.get(k, (r.ts, r.ts + window_s))
+        span[k] = (min(lo, r.ts), max(hi, r.ts + window_s))
+    return {k: min(1.0, busy[k] / (span[k][1] - span[k][0])) for k in busy if span[k][1] > span[k][0]}

@@ -128,6 +128,10 @@
       el.append(h("p", { class: "muted" }, "No NCCL Inspector data for this job (run it with the Inspector plugin and the agent's --nccl-inspector-dir)."));
       return;
     }
+    if (d.comm_share_p50 !== null && d.comm_share_p50 !== undefined) {
+      el.append(h("p", { id: "coll-share" }, "Time inside collectives (median rank): ", h("b", {}, `${(d.comm_share_p50 * 100).toFixed(1)}%`),
+        h("span", { class: "muted" }, " of wall time; overlapped communication counts too, so it bounds what communication costs the step")));
+    }
     busbwChart(el, d.series);
     heatmap(el, d);
     fabricTable(el, d.nics);

@@ -130,6 +130,8 @@ def test_ingest_over_http_then_the_collectives_api(sqlite_url: str, live_server:
     nic = next(n for n in d["nics"] if (n["node"], n["nic"]) == ("gpu-02", "mlx5_5/1"))
     assert nic["rate_gbps"][0] == 400.0 and nic["rate_gbps"][-1] == 200.0 and nic["gpus"] == ["GPU-gpu-02-5"]
     assert {f["kind"] for f in d["flags"]} >= {"collective_slow", "network_degraded"}
+    # 2 x 256 MiB all-reduces + a 64 MiB all-gather in a 2 s step: a few ms each, about 0.3-0.6% of the time
+    assert 0.001 < d["comm_share_p50"] < 0.05 and all(r["comm_share"] is not None for r in d["ranks"])
     with httpx.Client(base_url=srv.url) as c:
         assert c.get("/api/v1/jobs/nope/collectives").status_code == 404
 
