@@ -54,7 +54,7 @@ class MinuteFeatures:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.n.shape  # type: ignore[return-value]
+        return self.n.shape  # type: ignore[return-value]  # n is 2-D: (GPUs, minutes)
 
     @classmethod
     def empty(cls, n_gpus: int, b0: int = 0) -> MinuteFeatures:

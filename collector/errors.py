@@ -67,6 +67,7 @@ class BatchRejected(Exception):
 
     def at(self, **changes: object) -> BatchRejected:
         """The same rejection with ``changes`` (e.g. ``index=``, ``row=``) applied."""
+        # **changes: field names are the caller's (index=, row=); mypy cannot check them through replace
         return BatchRejected(replace(self.rejection, **changes))  # type: ignore[arg-type]
 
 

@@ -84,10 +84,11 @@ class _Group:
 def _open(path: str, encoding: str) -> IO[bytes]:
     f: IO[bytes] = open(path, "rb")  # noqa: SIM115 - returned to the caller's with
     if encoding == "gzip" or (encoding in ("", "identity") and path.endswith(".gz")):
-        return gzip.GzipFile(fileobj=f)  # type: ignore[return-value]
+        return gzip.GzipFile(fileobj=f)  # type: ignore[return-value]  # a binary stream; typeshed: BufferedIOBase
     if encoding == "zstd" or (encoding in ("", "identity") and path.endswith(".zst")):
         import zstandard
 
+        # zstandard's reader is a binary stream without IO[bytes] in its stubs
         return zstandard.ZstdDecompressor().stream_reader(f, closefd=True)  # type: ignore[return-value]
     return f
 

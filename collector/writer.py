@@ -208,7 +208,7 @@ def _resolve(it: _Item, *, result: BatchResult | None = None, exc: BaseException
         if exc is not None:
             it.fut.set_exception(exc)
         else:
-            it.fut.set_result(result)  # type: ignore[arg-type]
+            it.fut.set_result(result)  # type: ignore[arg-type]  # result is set whenever exc is not
 
     try:
         it.loop.call_soon_threadsafe(done)

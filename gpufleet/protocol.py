@@ -217,7 +217,7 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 _LITTLE = sys.byteorder == "little"
 
 
-def _le(a: array) -> bytes:  # type: ignore[type-arg]
+def _le(a: array[Any]) -> bytes:
     if not _LITTLE:
         a.byteswap()
     return a.tobytes()

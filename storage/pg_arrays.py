@@ -39,7 +39,7 @@ class _Float8ArrayDumper(Dumper):
     oid = 1022  # float8[]
 
     def dump(self, obj: Any) -> bytes:
-        return obj.data  # type: ignore[no-any-return]
+        return obj.data  # type: ignore[no-any-return]  # the PgArray's buffer, bytes
 
 
 class _Int4ArrayDumper(_Float8ArrayDumper):
@@ -99,5 +99,5 @@ def execute_prepared(conn: Connection, sql: str, params: list[Any]) -> None:
     back transactions, and the values travel as plain text parameters (no list dumping)."""
     raw = conn.connection.driver_connection
     _register(raw)
-    with raw.cursor() as cur:  # type: ignore[union-attr]
+    with raw.cursor() as cur:  # type: ignore[union-attr]  # DBAPI connection: Optional in SQLAlchemy's types
         cur.execute(sql, params, prepare=True)

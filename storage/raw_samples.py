@@ -25,6 +25,7 @@ def insert_samples(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk:
     if is_postgres(conn):
         buf = copy_buffer(ts, gpu_pk, job_pk, vals)
         raw = conn.connection.driver_connection
+        # the DBAPI connection is Optional in SQLAlchemy's types; set on a checked-out connection
         with raw.cursor() as cur, cur.copy(COPY_SQL) as cp:  # type: ignore[union-attr]
             cp.write(buf)
         return

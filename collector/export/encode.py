@@ -147,7 +147,7 @@ class Encoder:
             else:
                 uuid, job = groups[g]
                 labels = self._labels(src, uuid, job, self.fields[f][1])
-                body = b"".join(per[a:b])  # type: ignore[index]
+                body = b"".join(per[a:b])  # type: ignore[index]  # per is set on this (non-fixed) path
                 parts.append(self._head(labels, len(body)) + labels)
                 parts.append(body)
         return [b"".join(parts)], len(series_id)

@@ -86,7 +86,7 @@ def _register_metrics(app: FastAPI, rw: Receiver) -> None:
     reg = getattr(app.state, "metrics_registry", None)
     if reg is not None and not getattr(rw, "_metrics_registered", False):
         reg.register(RemoteWriteMetrics(rw))
-        rw._metrics_registered = True  # type: ignore[attr-defined]
+        rw._metrics_registered = True  # type: ignore[attr-defined]  # a marker set on the instance at runtime
 
 
 @contextlib.asynccontextmanager
