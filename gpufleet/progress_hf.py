@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from gpufleet import progress
 
 
-class GpufleetProgress(TrainerCallback):  # type: ignore[misc]
+class GpufleetProgress(TrainerCallback):  # type: ignore[misc]  # transformers may be absent: a subclass of Any
     def __init__(self, reporter: progress.Reporter | None = None, flops_per_step: float | None = None) -> None:
         self.r = reporter
         self.flops = flops_per_step
