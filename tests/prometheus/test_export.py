@@ -120,7 +120,7 @@ def _count(prom, promql: str) -> float:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-def test_export_to_victoria_metrics_through_an_outage(database_url, live_server, tmp_path, monkeypatch) -> None:
+def test_export_to_victoria_metrics_through_an_outage_and_a_collector_restart(database_url, live_server, tmp_path, monkeypatch) -> None:
     vm_dir = tmp_path / "vmdata"
     vm = start_victoria_metrics(vm_dir)
     monkeypatch.setenv("GPUFLEET_EXPORT_URL", vm.url + "/api/v1/write")
@@ -151,6 +151,12 @@ def test_export_to_victoria_metrics_through_an_outage(database_url, live_server,
     _wait(lambda: _metrics(srv.url).get("gpufleet_export_send_failures_total", 0) > 0, what="failed sends")
     m = _metrics(srv.url)
     assert m["gpufleet_export_queue_samples"] == 3 * 40 and m["gpufleet_export_lag_seconds"] > 0
+    srv.stop()  # and the collector restarts meanwhile: the queue is on disk, the new process adopts it
+    from gpufleet.server import serving_app
+    from tests.conftest import LiveServer, free_port, make_settings
+
+    srv = LiveServer(serving_app(make_settings(database_url, allow_anonymous=True)), free_port()).start()
+    assert _metrics(srv.url)["gpufleet_export_queue_samples"] == 3 * 40
     vm = start_victoria_metrics(vm_dir, port=int(vm.url.rsplit(":", 1)[1]))  # same data, same port
     try:
         _wait(lambda: _metrics(srv.url)["gpufleet_export_queue_bodies"] == 0, what="the queue to drain")
@@ -159,10 +165,11 @@ def test_export_to_victoria_metrics_through_an_outage(database_url, live_server,
         assert _count(vm, "sum(count_over_time({__name__=~\"gpufleet_.*\"}[1h]))") == 3 * 80  # nothing doubled
         assert _count(vm, 'count(count_over_time(gpufleet_tensor_active{node="node-2", job="job-2"}[1h]))') == 4
         m = _metrics(srv.url)
-        assert m["gpufleet_export_samples_sent_total"] == 240
+        assert m["gpufleet_export_samples_sent_total"] == 3 * 40  # this process sent what the last one queued
         assert not any(k.startswith("gpufleet_export_dropped") and v for k, v in m.items())
     finally:
         vm.stop()
+        srv.stop()
 
 
 def test_export_to_prometheus_remote_write_receiver(sqlite_url, live_server, tmp_path, monkeypatch) -> None:
