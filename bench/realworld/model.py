@@ -7,7 +7,7 @@ the honest demand is "flag the waste" (``any_of``), not "name the input stall"."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,7 @@ class Expect:
         return self.expected() | self.allowed
 
 
-def expect(required: Sequence[str] = (), allowed: Sequence[str] = (), any_of: Sequence[Sequence[str]] = (),
+def expect(required: Iterable[str] = (), allowed: Iterable[str] = (), any_of: Iterable[Iterable[str]] = (),
            *, low_confidence: bool = False, deadline_s: dict[str, float] | None = None) -> Expect:
     return Expect(frozenset(required), frozenset(allowed), tuple(tuple(g) for g in any_of), low_confidence,
                   tuple(sorted((deadline_s or {}).items())))

@@ -17,6 +17,7 @@ ECC are not supported on an instance handle)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +63,7 @@ def _window_mean(x: np.ndarray, idx: np.ndarray, width: int) -> np.ndarray:
 
 
 def render(g: GpuTruth, *, t0: float, interval_s: float, field_set: str, rng: np.random.Generator,
-           gaps: list[tuple[float, float]] = (), profiling_paused: list[tuple[float, float]] = (),
+           gaps: Sequence[tuple[float, float]] = (), profiling_paused: Sequence[tuple[float, float]] = (),
            drop_rate: float = 0.002) -> Rendered:
     """Sample ``g`` (seconds 0..n from absolute time ``t0``) every ``interval_s``. ``gaps`` are
     spans (job-relative seconds) with no samples at all (agent down); ``profiling_paused`` are spans
@@ -73,8 +74,8 @@ def render(g: GpuTruth, *, t0: float, interval_s: float, field_set: str, rng: np
     rel = np.arange(phase, g.n - 1e-9, interval_s)
     idx = np.minimum(g.n - 1, rel.astype(int))
     keep = g.present[idx] & (rng.random(idx.size) >= drop_rate)
-    for a, b in gaps:
-        keep &= ~((rel >= a) & (rel < b))
+    for g0, g1 in gaps:
+        keep &= ~((rel >= g0) & (rel < g1))
     rel, idx = rel[keep], idx[keep]
     ts = t0 + rel + rng.normal(0, 0.02, rel.size)
     a = g.act

@@ -11,6 +11,7 @@ from .builders import (
     CKPT,
     EVAL,
     LLM_STEP,
+    Painter,
     job,
     k8s,
     paint,
@@ -26,8 +27,10 @@ from .hardware import A100, GIB, H100, H100_MIG_1G10, L40S
 from .model import JobSpec, expect, scenario
 from .scenarios_serving import DECODE, SERVING_OK, busy_from_requests
 from .scenarios_training import USERS
+from .signals import Level
 
-PAINTERS = {"warmup": warmup_painter(LLM_STEP), "train": LLM_STEP, "ckpt": CKPT, "eval": EVAL}
+PAINTERS: dict[str, Level | Painter] = {"warmup": warmup_painter(LLM_STEP), "train": LLM_STEP, "ckpt": CKPT,
+                                        "eval": EVAL}
 
 
 @scenario("long_eval_after_training", why="A job that trains for 60-80 min and then runs a 80-100 min evaluation sweep "

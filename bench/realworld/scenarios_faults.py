@@ -9,6 +9,7 @@ from .builders import (
     CKPT,
     EVAL,
     LLM_STEP,
+    Painter,
     job,
     paint,
     slots,
@@ -22,9 +23,10 @@ from .builders import (
 from .hardware import A100, H100
 from .model import PIPELINE_KINDS, JobSpec, expect, scenario
 from .scenarios_training import USERS
-from .signals import HW_SLOWDOWN, POWER_BRAKE
+from .signals import HW_SLOWDOWN, POWER_BRAKE, Level
 
-PAINTERS = {"warmup": warmup_painter(LLM_STEP), "train": LLM_STEP, "ckpt": CKPT, "eval": EVAL}
+PAINTERS: dict[str, Level | Painter] = {"warmup": warmup_painter(LLM_STEP), "train": LLM_STEP, "ckpt": CKPT,
+                                        "eval": EVAL}
 
 
 def _healthy_run(rng: np.random.Generator, tag: str, n: int, d: int, device=H100, ib: float = 0.0):

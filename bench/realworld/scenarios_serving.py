@@ -23,8 +23,8 @@ def busy_from_requests(rng: np.random.Generator, rate: np.ndarray, service_s: fl
     arrivals = rng.poisson(np.maximum(rate, 0.0))
     work = np.zeros(n)
     nz = np.nonzero(arrivals)[0]
-    for i in nz:
-        work[i] = float(rng.lognormal(np.log(service_s), 0.5, arrivals[i]).sum())
+    for j in nz:
+        work[j] = float(rng.lognormal(np.log(service_s), 0.5, arrivals[j]).sum())
     busy = np.zeros(n)
     backlog = 0.0
     for i in range(n):

@@ -11,6 +11,7 @@ from .builders import (
     EVAL,
     LLM_STEP,
     VISION_STEP,
+    Painter,
     job,
     paint,
     slots,
@@ -23,7 +24,7 @@ from .builders import (
 )
 from .hardware import A100, GIB, H100
 from .model import JobSpec, expect, scenario
-from .signals import GpuTruth
+from .signals import GpuTruth, Level
 
 USERS = ("alice", "bob", "chen", "dana", "eve", "farid", "grace", "hiro")
 
@@ -38,7 +39,8 @@ def _train(rng: np.random.Generator, name: str, seed: int, *, device=H100, n_gpu
     sl = slots(f"{name}-{seed}", device, n_gpus)
     tr = truths(rng, sl, duration_s)
     ph = training_schedule(rng, duration_s, **(schedule_kw or {}))
-    painters = {"warmup": warmup_painter(step), "train": step, "ckpt": CKPT, "eval": EVAL}
+    painters: dict[str, Level | Painter] = {"warmup": warmup_painter(step), "train": step, "ckpt": CKPT,
+                                            "eval": EVAL}
     for g, r in zip(tr, _rank_scales(rng, n_gpus), strict=True):
         paint(g, ph, painters, rank_scale=float(r))
         training_memory(g, mem, rng)
@@ -96,7 +98,8 @@ def late_start_staging(rng: np.random.Generator, seed: int) -> list[JobSpec]:
     sl = slots(f"late-{seed}", H100, 8)
     tr = truths(rng, sl, d)
     ph = [(0.0, start, "idle"), *training_schedule(rng, d, start_s=start)]
-    painters = {"idle": {}, "warmup": warmup_painter(LLM_STEP), "train": LLM_STEP, "ckpt": CKPT, "eval": EVAL}
+    painters: dict[str, Level | Painter] = {"idle": {}, "warmup": warmup_painter(LLM_STEP), "train": LLM_STEP,
+                                            "ckpt": CKPT, "eval": EVAL}
     for g, r in zip(tr, _rank_scales(rng, 8), strict=True):
         paint(g, ph, painters, rank_scale=float(r))
         training_memory(g, (0.7, 0.85), rng, t0=start)

@@ -88,7 +88,8 @@ def confidence_of(flag: dict[str, Any]) -> str | None:
 
 
 def _evidence_brief(flag: dict[str, Any]) -> str:
-    ev = flag.get("evidence") if isinstance(flag.get("evidence"), dict) else {}
+    raw = flag.get("evidence")
+    ev: dict[str, Any] = raw if isinstance(raw, dict) else {}
     keys = [k for k in ev if k not in ("episodes",)][:6]
     parts = []
     for k in keys:
@@ -106,7 +107,8 @@ def accounting_problems(o: Outcome) -> list[str]:
     if rep is None:
         return []
     out = []
-    body = rep.get("report") if isinstance(rep.get("report"), dict) else {}
+    raw = rep.get("report")
+    body: dict[str, Any] = raw if isinstance(raw, dict) else {}
     alloc = rep.get("allocated_gpu_hours")
     if alloc is None:
         alloc = body.get("allocated_gpu_hours")
@@ -180,7 +182,8 @@ def score(outcomes: list[Outcome]) -> Score:
                 problem("accounting", "; ".join(bad), o)
         if e.low_confidence and o.report is not None:
             # issue 13: the report says what it judged from ("... judged from gpu_util ...")
-            body = o.report.get("report") if isinstance(o.report.get("report"), dict) else {}
+            raw = o.report.get("report")
+            body: dict[str, Any] = raw if isinstance(raw, dict) else {}
             notes = [str(n) for n in body.get("notes") or []]
             notes_checked += 1
             if not any("gpu_util" in n for n in notes):
@@ -233,9 +236,9 @@ def markdown(outcomes: list[Outcome], deadline_problems: list[Problem] | None = 
             continue
         cells = []
         for iv in ivs:
-            ks = per[iv].kinds.get(k)
-            cells.append("-" if ks is None or not (ks.demanded or ks.raised) else f"{fmt(ks.precision)} / "
-                                                                                  f"{fmt(ks.recall)}")
+            kiv = per[iv].kinds.get(k)
+            cells.append("-" if kiv is None or not (kiv.demanded or kiv.raised) else f"{fmt(kiv.precision)} / "
+                                                                                     f"{fmt(kiv.recall)}")
         lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
     lines.append("| healthy flagged | " + " | ".join(f"{per[iv].healthy_flagged}/{per[iv].healthy_jobs}" for iv in ivs)
                  + " |")
