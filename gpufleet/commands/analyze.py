@@ -64,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
               f"{summary.flags_updated} updated, {summary.flags_resolved} resolved; {summary.jobs_closed} jobs ended")
         for r in rows:
             rep = r["report"]
-            print(f"\njob {r['job_id']}: score {rep.get('goodput_score')}, {rep.get('n_gpus')} GPUs, "
+            score = rep.get("goodput_score")
+            # report version 2 holds a ratio 0..1 (version 1: 0..100); shown as % like everywhere
+            shown = "n/a" if score is None else f"{score:.0%}" if rep.get("version", 1) >= 2 else f"{score:.0f}%"
+            print(f"\njob {r['job_id']}: score {shown}, {rep.get('n_gpus')} GPUs, "
                   f"{rep.get('allocated_gpu_hours')} GPU-h allocated, {rep.get('wasted_gpu_hours_total')} wasted, "
                   f"MFU ~{rep.get('mfu', {}).get('estimate')}")
             for f in r["flags"]:
