@@ -36,8 +36,23 @@ class FabricSections:
         self.ib = ib
         self.monotonic = monotonic
         self._dirty = False
+        self.failures = 0
+        self._last_log = -1e18
 
     def fill(self, part: Any, now: float, devices: list[GpuInfo], readings: list[GpuReading]) -> None:
+        """Add this cycle's sections to ``part``. A failure here is logged (once a minute) and
+        counted, never raised: the cycle's GPU rows must not be lost to a fabric problem."""
+        try:
+            self._fill(part, now, devices, readings)
+        except Exception as e:  # see the docstring; the next cycle tries again
+            self.failures += 1
+            t = self.monotonic()
+            if t - self._last_log >= 60:
+                self._last_log = t
+                log.warning("fabric sections failed (%d so far): %s", self.failures, e,
+                            exc_info=log.isEnabledFor(logging.DEBUG))
+
+    def _fill(self, part: Any, now: float, devices: list[GpuInfo], readings: list[GpuReading]) -> None:
         if self.inspector is not None:
             self.inspector.update_gpus(devices, readings)
             aggs = self.inspector.poll(self.monotonic(), wall=now)

@@ -87,6 +87,7 @@ class InspectorSource:
         self.long_lines = 0
         self.truncations = 0
         self.files_over_limit = 0
+        self.read_errors = 0
         self._load_state()
 
     # --- state -----------------------------------------------------------------------------
@@ -100,11 +101,17 @@ class InspectorSource:
             log.warning("NCCL Inspector offsets %s unreadable (%s): reading every file from its start",
                         self.state_path, e)
             return
-        for fid, st in data.get("files", {}).items():
-            self.files[fid] = _File(fid, Path(st["path"]), int(st["offset"]),
-                                    tuple(st["prom_sig"]) if st.get("prom_sig") else None, float(st.get("seen", 0)))
-        self._prom_last_sn = {(fid, comm, int(rank), coll): int(sn)
-                              for fid, comm, rank, coll, sn in data.get("prom_sn", [])}
+        try:
+            for fid, st in data.get("files", {}).items():
+                self.files[fid] = _File(fid, Path(st["path"]), int(st["offset"]),
+                                        tuple(st["prom_sig"]) if st.get("prom_sig") else None,
+                                        float(st.get("seen", 0)))
+            self._prom_last_sn = {(fid, comm, int(rank), coll): int(sn)
+                                  for fid, comm, rank, coll, sn in data.get("prom_sn", [])}
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            log.warning("NCCL Inspector offsets %s malformed (%s): reading every file from its start",
+                        self.state_path, e)
+            self.files, self._prom_last_sn = {}, {}
 
     def commit(self) -> None:
         """Persist offsets: for each file, the first record not yet handed out."""
@@ -229,6 +236,10 @@ class InspectorSource:
             data = os.pread(fd, min(avail, budget), f.offset)
             if b"\n" not in data and avail > len(data):  # one line longer than the budget: finish it
                 data = os.pread(fd, min(avail, MAX_LINE + 1), f.offset)
+        except OSError as e:  # EIO on a network file system: try again next poll
+            self.read_errors += 1
+            log.warning("NCCL Inspector: cannot read %s: %s", f.path, e)
+            return 0
         finally:
             os.close(fd)
         end = data.rfind(b"\n")

@@ -154,3 +154,32 @@ def test_agent_sends_collectives_and_nics_through_the_spool_and_survives_a_kill(
         key = (rec["header"]["id"], rec["header"]["rank"], w, size_bucket(rec["coll_perf"]["coll_msg_size_bytes"]))
         expected[key] = expected.get(key, 0) + 1
     assert counts == expected, "every collective of this node exactly once across the kill"
+
+
+def test_bad_offsets_file_and_a_failing_section_lose_nothing_else(tmp_path: Path) -> None:
+    from gpufleet.agent.sources.fabric_sections import FabricSections
+    from gpufleet.agent.sources.nccl_inspector import InspectorSource
+
+    state = tmp_path / "spool" / "nccl_offsets.json"
+    state.parent.mkdir()
+    state.write_text('{"v": 1, "files": {"1:2": {"offset": "x"}}}')
+    src = InspectorSource(tmp_path / "none", state, hostname="gpu-00")
+    assert src.files == {}, "a malformed offsets file: every file is read from its start"
+
+    class Boom:
+        state_path = state
+
+        def update_gpus(self, *a: object) -> None:
+            raise RuntimeError("boom")
+
+    gpus = [h100(0, node="gpu-00")]
+    cfg = AgentConfig(collector_url="http://127.0.0.1:9", node="gpu-00", spool_dir=tmp_path / "spool2", fsync=False,
+                      sys_root=tmp_path / "sys", proc_root=tmp_path / "proc", attributors=("none",))
+    agent = Agent(cfg, NvmlSource(FakeNvml(gpus), xid_events=False), clock=Clock(T0))
+    agent.fabric = FabricSections(Boom())  # type: ignore[arg-type]
+    agent.start()
+    for k in range(3):
+        agent.cycle(T0 + k)
+    assert agent.flush() and agent.fabric.failures == 3
+    (b,) = _batches(tmp_path / "spool2")
+    assert b.n_rows() == 3, "the GPU rows of every cycle are kept"
