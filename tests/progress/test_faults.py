@@ -65,9 +65,9 @@ def test_collector_killed_while_progress_streams(database_url: str, tmp_path: Pa
         t.join()
         for r in reporters:
             r.shutdown()
-        delivered = node.relay.events
         wait_until(lambda: _stored(database_url)[0] >= 2 * total, 90, f"all {2 * total} steps stored")
         time.sleep(2.0)
+        delivered = node.relay.events  # step events plus each reporter's exit
     finally:
         node.close()
         coll.stop()
