@@ -5,9 +5,9 @@ senders for one GPU). The first stored wins; later copies are skipped and not co
 
 Cost model: the common case (rows later than everything stored for their GPU-minute) is
 decided from the GPU-minute rollup rows alone (their ``last_ts`` bounds every stored sample of
-that minute), one indexed read per group commit. Only a GPU-minute where new rows do not all
-come after ``last_ts`` (late or repeated data) reads raw timestamps, for those GPUs and that
-time span only.
+that minute): one indexed join per group commit, which returns nothing in the steady state.
+Only a GPU-minute where new rows do not all come after ``last_ts`` (late or repeated data)
+reads raw timestamps, for those GPUs and that time span only.
 
 Limits (docs/protocol.md): two transactions writing the same GPU-minute concurrently do not
 see each other's rows, and rows older than raw retention are not compared (their rollups are
@@ -22,37 +22,24 @@ from sqlalchemy import Connection
 from gpufleet.storage.rollups import BUCKET_S
 
 
-def first_copies(ts: np.ndarray, gpu_pk: np.ndarray) -> np.ndarray:
-    """Mask of the rows that are the first of their (gpu_pk, ts) in input order."""
+def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mask of the rows to store (first copies within the write, and not already stored), and
+    ``np.lexsort((ts, gpu_pk))`` of the input rows (callers reuse it when nothing was dropped)."""
     keep = np.ones(len(ts), bool)
-    if len(ts) < 2:
-        return keep
     order = np.lexsort((ts, gpu_pk))  # stable: equal keys stay in input order
-    g, t = gpu_pk[order], ts[order]
-    again = np.flatnonzero((g[1:] == g[:-1]) & (t[1:] == t[:-1])) + 1
-    keep[order[again]] = False
-    return keep
-
-
-def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray) -> np.ndarray:
-    """Mask of the rows to store: first copies within the write, and not already stored."""
-    keep = first_copies(ts, gpu_pk)
     if not len(ts):
-        return keep
-    bucket = np.floor(ts / BUCKET_S) * BUCKET_S
-    gpus = np.unique(gpu_pk).tolist()
-    lo, hi = float(bucket.min()), float(bucket.max())
-    stored = _rollup_last_ts(conn, gpus, lo, hi)
-    if not stored:
-        return keep
-    # The earliest new row of each GPU-minute against the stored rows' newest.
-    order = np.lexsort((ts, bucket, gpu_pk))
-    g, b, t = gpu_pk[order], bucket[order], ts[order]
+        return keep, order
+    g, t = gpu_pk[order], ts[order]
+    if len(ts) > 1:
+        again = np.flatnonzero((g[1:] == g[:-1]) & (t[1:] == t[:-1])) + 1
+        keep[order[again]] = False
+    # The earliest new row of each GPU-minute (sorted by GPU then time, the minute follows ts),
+    # asked against the stored rows' newest: only overlapping GPU-minutes come back.
+    b = np.floor(t / BUCKET_S) * BUCKET_S
     starts = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (b[1:] != b[:-1])])
-    overlap = [(gg, bb) for gg, bb, tt in zip(g[starts].tolist(), b[starts].tolist(), t[starts].tolist(), strict=True)
-               if (last := stored.get((gg, bb))) is not None and tt <= last]
+    overlap = _overlapping(conn, g[starts].tolist(), b[starts].tolist(), t[starts].tolist())
     if not overlap:
-        return keep
+        return keep, order
     og = sorted({gg for gg, _ in overlap})
     seen = _raw_keys(conn, og, min(bb for _, bb in overlap), max(bb for _, bb in overlap) + BUCKET_S)
     if seen:
@@ -60,19 +47,22 @@ def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray) -> np.ndarray
         for r, gg, tt in zip(rows.tolist(), gpu_pk[rows].tolist(), ts[rows].tolist(), strict=True):
             if (gg, tt) in seen:
                 keep[r] = False
-    return keep
+    return keep, order
 
 
-def _rollup_last_ts(conn: Connection, gpus: list[int], lo: float, hi: float) -> dict[tuple[int, float], float]:
+def _overlapping(conn: Connection, gpus: list[int], buckets: list[float], first_ts: list[float]
+                 ) -> list[tuple[int, float]]:
+    """(gpu_pk, bucket) of the GPU-minutes whose stored rollup row's last_ts is not before the
+    new rows' first ts there: the only ones that can hold a copy."""
     if conn.dialect.name == "postgresql":
-        q = ("SELECT gpu_pk, bucket, last_ts FROM gpu_samples_1m WHERE gpu_pk = ANY(%s::int4[]) "
-             "AND bucket >= %s AND bucket <= %s")
-        rows = conn.exec_driver_sql(q, (gpus, lo, hi)).all()
-    else:
-        q = ("SELECT gpu_pk, bucket, last_ts FROM gpu_samples_1m WHERE gpu_pk IN (SELECT value FROM json_each(?)) "
-             "AND bucket >= ? AND bucket <= ?")
-        rows = conn.exec_driver_sql(q, (msgspec.json.encode(gpus).decode(), lo, hi)).all()
-    return {(g, b): lt for g, b, lt in rows}
+        q = ("SELECT r.gpu_pk, r.bucket FROM unnest(%s::int4[], %s::float8[], %s::float8[]) AS k(g, b, t) "
+             "JOIN gpu_samples_1m r ON r.gpu_pk = k.g AND r.bucket = k.b WHERE k.t <= r.last_ts")
+        return [(g, b) for g, b in conn.exec_driver_sql(q, (gpus, buckets, first_ts)).all()]
+    q = ("SELECT r.gpu_pk, r.bucket FROM (SELECT json_extract(value, '$[0]') AS g, json_extract(value, '$[1]') AS b, "
+         "json_extract(value, '$[2]') AS t FROM json_each(?)) AS k "
+         "JOIN gpu_samples_1m r ON r.gpu_pk = k.g AND r.bucket = k.b WHERE k.t <= r.last_ts")
+    arg = msgspec.json.encode(list(zip(gpus, buckets, first_ts, strict=True))).decode()
+    return [(g, b) for g, b in conn.exec_driver_sql(q, (arg,)).all()]
 
 
 def _raw_keys(conn: Connection, gpus: list[int], lo: float, hi: float) -> set[tuple[int, float]]:

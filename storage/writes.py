@@ -107,18 +107,18 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
 
     ts, gpu_pk, job_pk, vals = _rows(preps, active, cluster_pks, gids, jpks)
     # One sample per (GPU, ts): copies under another batch key are skipped, not counted.
-    keep = new_rows(conn, ts, gpu_pk)
+    keep, gpu_order = new_rows(conn, ts, gpu_pk)
     stored = [preps[i].n for i in active]
     if not keep.all():
         ends = np.cumsum(stored)
         stored = [int(keep[e - n:e].sum()) for e, n in zip(ends.tolist(), stored, strict=True)]
         ts, gpu_pk, job_pk, vals = ts[keep], gpu_pk[keep], job_pk[keep], vals[:, keep]
+        gpu_order = np.lexsort((ts, gpu_pk))
     if len(ts):
         if conn.dialect.name == "postgresql":
             retention.ensure_partitions_in(conn, retention.days_of(ts))
         insert_samples(conn, ts, gpu_pk, job_pk, vals)
-    # Rows by (GPU, time): the GPU rollup and the allocation runs both walk this order.
-    gpu_order = np.lexsort((ts, gpu_pk)) if len(ts) else None
+    # Rows by (GPU, time) (gpu_order): the GPU rollup and the allocation runs both walk it.
     if len(ts):
         _rollups(conn, ts, gpu_pk, job_pk, vals, gpu_order)
         touch_jobs(conn, job_pk, ts, cache)
