@@ -11,7 +11,6 @@ counted (``reason="rejected"``) instead of blocking the queue forever."""
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -31,7 +30,7 @@ from .spool import Item, Spool
 log = logging.getLogger(__name__)
 
 
-def _env_list(raw: str | None) -> tuple[str, ...] | None:
+def _comma_list(raw: str | None) -> tuple[str, ...] | None:
     if raw is None or not raw.strip():
         return None
     return tuple(x.strip() for x in raw.split(",") if x.strip())
@@ -39,8 +38,8 @@ def _env_list(raw: str | None) -> tuple[str, ...] | None:
 
 @dataclass(frozen=True)
 class ExportSettings:
-    """``GPUFLEET_EXPORT_*`` (docs/configuration.md, "Remote-write export"). Export is off
-    unless ``url`` is set."""
+    """The exporter's view of ``Settings.export`` (``GPUFLEET_EXPORT_*``, docs/configuration.md),
+    lists parsed. Export is off unless ``url`` is set."""
 
     url: str = ""
     token: str | None = None  # bearer token for the receiver (a secret)
@@ -60,41 +59,11 @@ class ExportSettings:
         """From the server Settings' ``export`` section (gpufleet/settings.py), whose lists are
         comma-separated strings."""
         d = cls()
-        return cls(url=section.url.strip(), token=section.token, fields=_env_list(section.fields),
-                   labels=_env_list(section.labels) or d.labels, queue_dir=section.queue_dir,
+        return cls(url=section.url.strip(), token=section.token, fields=_comma_list(section.fields),
+                   labels=_comma_list(section.labels) or d.labels, queue_dir=section.queue_dir,
                    queue_bytes=section.queue_bytes, max_samples_per_send=section.max_samples_per_send,
                    flush_s=section.flush_s, timeout_s=section.timeout_s, min_backoff_s=section.min_backoff_s,
                    max_backoff_s=section.max_backoff_s, pending_rows=section.pending_rows)
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> ExportSettings:
-        """For a server Settings without an ``export`` section (the flat ServerSettings)."""
-        env = dict(os.environ if environ is None else environ)
-        d = cls()
-
-        def num(name: str, default: float) -> float:
-            raw = env.get("GPUFLEET_EXPORT_" + name)
-            if raw is None or raw == "":
-                return default
-            try:
-                v = float(raw)
-            except ValueError:
-                raise ValueError(f"GPUFLEET_EXPORT_{name}={raw!r} is not a number") from None
-            if v <= 0:
-                raise ValueError(f"GPUFLEET_EXPORT_{name}={raw!r} must be positive")
-            return v
-
-        qd = env.get("GPUFLEET_EXPORT_QUEUE_DIR")
-        return cls(url=env.get("GPUFLEET_EXPORT_URL", "").strip(), token=env.get("GPUFLEET_EXPORT_TOKEN") or None,
-                   fields=_env_list(env.get("GPUFLEET_EXPORT_FIELDS")),
-                   labels=_env_list(env.get("GPUFLEET_EXPORT_LABELS")) or d.labels,
-                   queue_dir=Path(qd) if qd else None,
-                   queue_bytes=int(num("QUEUE_BYTES", d.queue_bytes)),
-                   max_samples_per_send=int(num("MAX_SAMPLES_PER_SEND", d.max_samples_per_send)),
-                   flush_s=num("FLUSH_S", d.flush_s), timeout_s=num("TIMEOUT_S", d.timeout_s),
-                   min_backoff_s=num("MIN_BACKOFF_S", d.min_backoff_s),
-                   max_backoff_s=num("MAX_BACKOFF_S", d.max_backoff_s),
-                   pending_rows=int(num("PENDING_ROWS", d.pending_rows)))
 
 
 def source_of(prep: Any) -> RowSource:

@@ -21,9 +21,7 @@ router = APIRouter()
 
 
 def _data_dir(app: FastAPI) -> Path:
-    s = app.state.settings
-    db = getattr(s, "database", s)  # the sectioned Settings, or the flat ServerSettings
-    return Path(db.data_dir)
+    return Path(app.state.settings.database.data_dir)
 
 
 class ExportMetrics(Collector):
@@ -61,8 +59,7 @@ class ExportMetrics(Collector):
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    section = getattr(app.state.settings, "export", None)
-    settings = ExportSettings.of(section) if section is not None else ExportSettings.from_env()
+    settings = ExportSettings.of(app.state.settings.export)
     if not settings.url:
         yield
         return

@@ -112,7 +112,7 @@ class Receiver:
         enc = (h.get(b"content-encoding") or "").strip().lower()
         if enc != "snappy":
             return _answer(415, f"unsupported Content-Encoding {enc or 'none'!r}: remote write bodies are snappy")
-        limit = int(_http(coll).max_body_bytes)
+        limit = int(coll.settings.http.max_body_bytes)
         body = await _read_body(read_body, limit, h.get(b"content-length"))
         if not isinstance(body, bytes):
             return body
@@ -136,7 +136,7 @@ class Receiver:
             return _answer(413 if "exceeds" in str(e) else 400, str(e))
         cfg = coll.config
         now = time.time()
-        max_rows = int(_http(coll).max_rows_per_batch)
+        max_rows = int(coll.settings.http.max_rows_per_batch)
         # Same request bytes -> same keys: a retry after a lost answer is a duplicate.
         digest = hashlib.blake2b(raw, digest_size=12, person=b"gpufleet-rw", key=cluster.encode()[:64]).hexdigest()
         with self._lock:  # the series map and the rate state are shared by concurrent requests
@@ -196,11 +196,6 @@ class Receiver:
         out["stored"] = rows
         out["duplicate_batches"] = dupes
         return 200, _json.encode(out), []
-
-
-def _http(coll: Any) -> Any:
-    # The HTTP limits: ``settings.http`` (the sectioned Settings), or the flat ServerSettings.
-    return getattr(coll.settings, "http", coll.settings)
 
 
 async def _read_body(read_body: BodyReader, limit: int, cl: str | None) -> bytes | Answer:
