@@ -8,6 +8,7 @@ labels) stay text; the only server-side values in the shells go through ``html.e
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from gpufleet import __version__
@@ -24,6 +26,9 @@ OWN_FILES = {"app.js": "text/javascript", "app.css": "text/css", "favicon.svg": 
              "collectives.js": "text/javascript", "goodput.js": "text/javascript"}
 UPLOT_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.iife.js": "text/javascript",
                "uPlot.min.css": "text/css"}
+# Swagger UI and ReDoc from the installed ``fastapi-offline`` package (never copied here).
+APIDOCS_FILES = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
+                 "redoc.standalone.js": "text/javascript"}
 # Same-origin only: no inline script, no third-party hosts. uPlot sets inline styles.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
@@ -95,6 +100,56 @@ def job_page(request: Request, job_id: Name, cluster: ClusterQ = "default") -> H
 @router.get("/nodes/{name:path}", response_class=HTMLResponse)
 def node_page(request: Request, name: Name, cluster: ClusterQ = "default") -> HTMLResponse:
     return _shell(request, "node", f"Node {name}", {"name": name, "cluster": cluster})
+
+
+def _apidocs_dir() -> Path:
+    import fastapi_offline
+
+    return Path(fastapi_offline.__file__).with_name("static")
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def swagger_ui(request: Request) -> HTMLResponse:
+    # FastAPI's default pages pull Swagger UI from a CDN; clusters are often air-gapped.
+    return get_swagger_ui_html(openapi_url=request.app.openapi_url, title="gpufleet API",
+                               swagger_js_url="/static/apidocs/swagger-ui-bundle.js",
+                               swagger_css_url="/static/apidocs/swagger-ui.css",
+                               swagger_favicon_url="/favicon.ico",
+                               oauth2_redirect_url="/docs/oauth2-redirect")
+
+
+@router.get("/docs/oauth2-redirect", response_class=HTMLResponse)
+def swagger_ui_redirect() -> HTMLResponse:
+    return get_swagger_ui_oauth2_redirect_html()
+
+
+@router.get("/redoc", response_class=HTMLResponse)
+def redoc(request: Request) -> HTMLResponse:
+    # with_google_fonts=False: the default page links fonts.googleapis.com
+    return get_redoc_html(openapi_url=request.app.openapi_url, title="gpufleet API",
+                          redoc_js_url="/static/apidocs/redoc.standalone.js",
+                          redoc_favicon_url="/favicon.ico", with_google_fonts=False)
+
+
+# ReDoc's sidebar fetches its vendor's logo from a CDN at run time (no option turns it off):
+# offline that is a failed request per page view, so the served copy points it at our favicon.
+REDOC_CDN_LOGO = b"https://cdn.redoc.ly/redoc/logo-mini.svg"
+
+
+@functools.cache
+def _redoc_js() -> bytes:
+    return (_apidocs_dir() / "redoc.standalone.js").read_bytes().replace(REDOC_CDN_LOGO, b"/favicon.ico")
+
+
+@router.get("/static/apidocs/{name}")
+def apidocs_file(name: str) -> Response:
+    if name not in APIDOCS_FILES:
+        raise HTTPException(404, "not found")
+    if name == "redoc.standalone.js":
+        return Response(_redoc_js(), media_type=APIDOCS_FILES[name],
+                        headers={"Cache-Control": "public, max-age=86400"})
+    return FileResponse(_apidocs_dir() / name, media_type=APIDOCS_FILES[name],
+                        headers={"Cache-Control": "public, max-age=86400"})
 
 
 @router.get("/favicon.ico")

@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifesp
         version=__version__,
         description="GPU fleet telemetry and goodput: which jobs waste GPUs, why, how much, and what to do.",
         lifespan=lifespan,
+        docs_url=None, redoc_url=None,  # api/web.py serves both from local assets (no CDN)
     )
     app.state.settings = settings
     app.state.database_url = url

@@ -17,6 +17,7 @@ class Page:
         self.base = base
         self.errors: list[str] = []
         self.dialogs: list[str] = []
+        self.requests: list[str] = []
         page.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error" else None)
         page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
 
