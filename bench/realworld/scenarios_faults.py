@@ -238,3 +238,46 @@ def hung_collective(rng: np.random.Generator, seed: int) -> list[JobSpec]:
         g.fill(hang, d, {"duty": 1.0, "sm": float(rng.uniform(0.12, 0.18)), "occ": 0.02}, rel_noise=0.02)
     meta = slurm("llm-2node", user=str(rng.choice(USERS)), num_nodes=1, ntasks=8)
     return [job(stable_id("hung", seed), meta, d, sl, tr, expect(["hung"], deadline_s={"hung": hang + 900}), "hung")]
+
+
+@scenario("straggler_one_in_64", requires=["straggler"], allows=["throttled"], intervals=(10, 30, 60), seeds=(1, 2),
+          why="In a 64-GPU job one GPU's SM clock sits 15-25% low under HW slowdown (0x8) while the other 63 wait for "
+          "it every step: one straggler among many, found without drowning in the others' variation.")
+def straggler_one_in_64(rng: np.random.Generator, seed: int) -> list[JobSpec]:
+    """Falcon (fail-slow detection on >10k GPUs): a single slow GPU stalls synchronous training
+    at scale; HW slowdown (0x8) is asserted e.g. by an external power-brake or a failing VRM.
+    Rendered at 10 s and coarser only, to keep the library's run time in minutes."""
+    d = 5400
+    sl, tr, ph = _healthy_run(rng, f"strag64-{seed}", 64, d, ib=0.25)
+    bad = int(rng.integers(0, 64))
+    onset = float(rng.uniform(600, 1200))
+    slow = float(rng.uniform(0.75, 0.85))
+    for i, g in enumerate(tr):
+        for t0, t1, name in ph:
+            a, b = max(t0, onset), t1
+            if name != "train" or b <= a:
+                continue
+            if i == bad:
+                g.fill(a, b, {**LLM_STEP, "sm": 0.93, "tensor": 0.55, "ib": 0.25 * slow})
+            else:
+                g.fill(a, b, {**LLM_STEP, "sm": 0.88 * slow + 0.04, "tensor": 0.52 * slow, "ib": 0.25 * slow})
+    tr[bad].slow(onset, d, slow, HW_SLOWDOWN)
+    meta = slurm("llm-64gpu", user=str(rng.choice(USERS)), num_nodes=8, ntasks=64)
+    return [job(stable_id("strag64", seed), meta, d, sl, tr, expect(["straggler"], ["throttled"]), "1 in 64")]
+
+
+@scenario("llm_64gpu_healthy", intervals=(10, 30, 60), seeds=(1, 2),
+          why="A healthy 64-GPU pre-training job whose nodes differ as real nodes do (one rack's inlet 6-8 C warmer, "
+          "clocks a few MHz apart, rank-to-rank work +-1.5%): no straggler, no throttling.")
+def llm_64gpu_healthy(rng: np.random.Generator, seed: int) -> list[JobSpec]:
+    """Across a large job, per-node temperature and per-GPU clock spread are normal (Meta GCM
+    alerts on clocks below the application clock, not on a few MHz); a straggler detector must
+    tolerate this spread at scale."""
+    d = 5400
+    sl, tr, _ = _healthy_run(rng, f"llm64-{seed}", 64, d, ib=0.25)
+    warm = {s.node for s in sl[:16]}  # two nodes in the warmer rack
+    for s, g in zip(sl, tr, strict=True):
+        if s.node in warm:
+            g.ambient_c += float(rng.uniform(6, 8))
+    meta = slurm("llm-64gpu", user=str(rng.choice(USERS)), num_nodes=8, ntasks=64)
+    return [job(stable_id("llm64", seed), meta, d, sl, tr, expect(), "64-GPU healthy")]
