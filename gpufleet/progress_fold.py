@@ -287,6 +287,7 @@ class Folder:
     def __init__(self, expire_s: float = EXPIRE_S) -> None:
         self.expire_s = expire_s
         self.streams: dict[tuple[Any, ...], Stream] = {}
+        self.expired: dict[tuple[Any, ...], Stream] = {}  # silent ones, in case they speak again
         self.ready: list[dict[str, Any]] = []
         self.refused = 0  # datagrams from streams beyond MAX_STREAMS
         self.bad = 0  # datagrams that were not progress datagrams
@@ -296,6 +297,12 @@ class Folder:
             ident = msg.get("id") or {}
             key = (ident.get("job"), ident.get("rank"), ident.get("host"), int(msg["pid"]))
             s = self.streams.get(key)
+            if s is None and key in self.expired and abs(self.expired[key].mono0 - float(msg["mono0"])) <= 1e-6:
+                # The same process, silent for a while (an import holding the GIL, a stopped
+                # process resumed): it continues where its last window left off.
+                s = self.streams[key] = self.expired.pop(key)
+                s.window = _Window(max(s.window.start + WINDOW_S, s.floor(s.wall(float(msg.get("now") or s.cursor)))))
+                s.window.alive = True
             if s is None or abs(s.mono0 - float(msg["mono0"])) > 1e-6:
                 if s is not None:  # the pid was reused by a new process: the old one ended
                     self.ready.append(s.finish())
@@ -339,6 +346,10 @@ class Folder:
             if now_mono - s.last_seen > self.expire_s or s.exited_at is not None:
                 self.ready.append(s.finish())
                 del self.streams[key]
+                if s.exited_at is None:
+                    self.expired[key] = s
+                    while len(self.expired) > MAX_STREAMS:
+                        self.expired.pop(next(iter(self.expired)))
                 continue
             due = now_wall - CLOSE_GRACE_S
             while due >= s.window.start + WINDOW_S:

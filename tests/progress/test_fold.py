@@ -137,3 +137,17 @@ def test_histogram_quantiles_are_within_a_bucket() -> None:
     (w,) = close(f, 30.0)
     hist = {int(k): v for k, v in w["step_hist"].items()}
     assert hist_quantile(hist, 0.5) == pytest.approx(0.2, rel=0.06)
+
+
+def test_a_process_silent_past_the_expiry_continues_as_the_same_process() -> None:
+    """An import holding the GIL for 20 s starves the heartbeat: the stream expires, then the
+    same process (same start clock) speaks again: no restart, and its init span counts once."""
+    f = Folder()
+    feed_timeline(f, [["b", MONO0 + 0.1, "init"]])
+    ws = f.close_due(WALL0 + 15.0, MONO0 + 15.0)  # silent 15 s: expired
+    assert not f.streams
+    feed_timeline(f, [["e", MONO0 + 20.0, "init", 19.9]] + [["s", MONO0 + 20 + i, i] for i in range(1, 6)])
+    ws += close(f, 40.0)
+    assert sum(1 for w in ws if w["process_start"] is not None) == 1
+    assert sum(w["spans"].get("init", 0.0) for w in ws) == pytest.approx(19.9, abs=0.2)
+    assert total(ws, "steps") == 5
