@@ -3,7 +3,7 @@ the DB runner, the bench and the tests call)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from .detectors import Finding, JobContext, JobView, run_detectors
 from .detectors.base import CounterMinutes, MinuteSignals
 from .features import HIST_FIELDS, MinuteFeatures, hist_quantile
 from .windows import build_windows
-from .workload import WorkloadClass
+from .workload import WorkloadClass, from_pattern
 
 MFU_BASIS = "tensor_active x peak dense bf16 (estimate)"
 REPORT_VERSION = 2  # 2: goodput_score is a ratio 0..1 (was 0..100)
@@ -81,6 +81,11 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     abstained: dict[str, str] = {}
     if feats.n.size and feats.n.sum() > 0:
         w = build_windows(feats, th.general.window_s, th.general.min_window_coverage)
+        if ctx.workload_class is None:
+            inferred = from_pattern(w.f.busy_frac, w.valid)
+            if inferred is not None:
+                meta = replace(meta, workload=inferred)
+                ctx = replace(ctx, workload_class=inferred.name)
         job = JobView(w, CounterMinutes.of(feats), MinuteSignals.of(feats), ctx, th, events or [], fabric=fabric)
         found = run_detectors(job)
         findings = found.findings

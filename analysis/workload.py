@@ -11,9 +11,12 @@ detectors then apply the rules that hold for any workload)."""
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from gpufleet.flagkinds import WORKLOAD_CLASSES
 
@@ -78,3 +81,23 @@ def classify(*, source: str | None = None, name: str | None = None, partition: s
             if w & set(words):
                 return WorkloadClass(cls, f"{where} {text}")
     return WorkloadClass(None, "no scheduler metadata names it")
+
+
+def from_pattern(busy_frac: np.ndarray, valid: np.ndarray) -> WorkloadClass | None:
+    """Request-driven or not, from the busy share of the GPUs' windows (G x K), for jobs whose
+    metadata names no class. A training loop that alternates (an input stall) does so at its
+    step's rhythm, so its windows' busy share stays put; a replica's follows its traffic, which
+    swings (diurnal, bursts). Steady alternation stays undecided: it may be either."""
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows: no data, skipped below
+        per_window = np.nanmedian(np.where(valid, busy_frac, np.nan), axis=0) if busy_frac.size else busy_frac
+    x = per_window[~np.isnan(per_window)] if per_window.size else per_window
+    if len(x) < 6:
+        return None
+    alternating = (x > 0.05) & (x < 0.95)
+    if alternating.mean() < 0.5:
+        return None  # mostly steady (or idle): nothing request-driven to see
+    spread = float(np.percentile(x, 90) - np.percentile(x, 10))
+    if spread >= 0.35:
+        return WorkloadClass("serving", f"pattern: busy share swings {spread:.0%} between windows (request-driven)")
+    return None

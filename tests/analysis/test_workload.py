@@ -50,3 +50,18 @@ def test_fp32_simulation_code_on_hpc_keeps_its_tensor_cores_unflagged() -> None:
     assert "no_tensor_cores" in kinds(run(2, 60, 1.0, md))  # as a training job: the advice fits
     assert kinds(run(2, 60, 1.0, md, workload=classify(partition="hpc"))) == set()
     assert classify(partition="hpc") == WorkloadClass("hpc", "partition hpc")
+
+
+def test_request_driven_pattern_is_serving_without_metadata() -> None:
+    """No metadata; requests in bursts whose density follows the traffic (quiet, then busy
+    hours): the busy share swings between windows, so it is a replica, not a stalled loader."""
+    def replica(t: np.ndarray, g: int) -> dict[str, np.ndarray | float]:
+        d = dict(healthy_training(t, g))
+        load = 0.2 + 0.6 * (np.floor(t / 1800.0) % 2)  # half-hour swings in traffic
+        busy = ((t % 10.0) / 10.0) < load
+        d.update(sm_active=np.where(busy, 0.8, 0.0), tensor_active=np.where(busy, 0.4, 0.0),
+                 gpu_util=np.where(busy, 1.0, 0.0))
+        return d
+    res = run(1, 180, 1.0, replica)
+    assert res.report["workload"]["class"] == "serving" and "pattern" in res.report["workload"]["from"]
+    assert "input_stall" not in kinds(res)
