@@ -61,8 +61,10 @@ class Stats:
         self.samples = 0
         self.rows = 0
         self.duplicate_batches = 0
+        self.rows_already_stored = 0
 
-    def add(self, status: int, conv: Conversion | None = None, rows: int = 0, dupes: int = 0) -> None:
+    def add(self, status: int, conv: Conversion | None = None, rows: int = 0, dupes: int = 0,
+            skipped: int = 0) -> None:
         with self.lock:
             self.requests[status] += 1
             if conv is not None and status < 300:
@@ -71,6 +73,7 @@ class Stats:
                 self.samples += conv.samples
                 self.rows += rows
                 self.duplicate_batches += dupes
+                self.rows_already_stored += skipped
 
 
 class Receiver:
@@ -166,8 +169,8 @@ class Receiver:
             except (Overloaded, Unavailable) as e:
                 busy = str(e)
                 break
-        rows = dupes = 0
-        for fut in futs:
+        rows = dupes = skipped = 0
+        for prep, fut in zip(conv.prepared, futs, strict=False):
             try:
                 res = await fut
             except BatchRejected as e:
@@ -182,6 +185,10 @@ class Receiver:
                 continue
             rows += res.stored
             dupes += int(res.duplicate)
+            if not res.duplicate:
+                # the write path keeps one sample per (GPU, ts): a row whose GPU and time were
+                # stored before (another shard's request carried other fields of it) is skipped
+                skipped += max(0, prep.n - res.stored)
         if busy is not None:  # (handle() counts the answer)
             return _answer(503, f"{busy}; retry (committed parts are acknowledged as duplicates)",
                            cfg.retry_after_s)
@@ -191,10 +198,11 @@ class Receiver:
             return _answer(status, "; ".join(d for _, d in rejected[:5]) + " (the request's other nodes are stored)")
         with self._lock:
             self.rates.commit(conv.rate_updates)
-        self.stats.add(200, conv, rows, dupes)
+        self.stats.add(200, conv, rows, dupes, skipped)
         out = conv.summary()
         out["stored"] = rows
         out["duplicate_batches"] = dupes
+        out["rows_already_stored"] = skipped
         return 200, _json.encode(out), []
 
 

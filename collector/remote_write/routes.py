@@ -77,9 +77,13 @@ class RemoteWriteMetrics(Collector):
             dup = CounterMetricFamily("gpufleet_remote_write_duplicate_batches",
                                       "Per-node batches acknowledged as duplicates of a retried request")
             dup.add_metric([], s.duplicate_batches)
+            again = CounterMetricFamily("gpufleet_remote_write_rows_already_stored",
+                                        "Rows skipped because their (GPU, timestamp) was stored before: a GPU's "
+                                        "fields split over shards (keep one queue per GPU, docs/prometheus.md)")
+            again.add_metric([], s.rows_already_stored)
         known = GaugeMetricFamily("gpufleet_remote_write_series_cached", "Series label sets mapped and cached")
         known.add_metric([], len(self.rw.series))
-        yield from (req, ign, drop, samples, rows, dup, known)
+        yield from (req, ign, drop, samples, rows, dup, again, known)
 
 
 def _register_metrics(app: FastAPI, rw: Receiver) -> None:

@@ -120,7 +120,8 @@ def _count(prom, promql: str) -> float:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-def test_export_to_victoria_metrics_through_an_outage_and_a_collector_restart(database_url, live_server, tmp_path, monkeypatch) -> None:
+def test_export_to_victoria_metrics_through_an_outage_and_a_collector_restart(database_url, live_server, tmp_path,
+                                                                               monkeypatch) -> None:
     vm_dir = tmp_path / "vmdata"
     vm = start_victoria_metrics(vm_dir)
     monkeypatch.setenv("GPUFLEET_EXPORT_URL", vm.url + "/api/v1/write")
