@@ -123,7 +123,12 @@ class Sender:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         try:
-            resp = self.client.post(self.url, content=body, headers=headers)
+            try:
+                resp = self.client.post(self.url, content=body, headers=headers)
+            except httpx.RemoteProtocolError:
+                # The server closed a kept-alive connection just as we reused it: not an outage.
+                # Retry once on a fresh connection; the Idempotency-Key makes a repeat harmless.
+                resp = self.client.post(self.url, content=body, headers=headers)
         except httpx.HTTPError as e:
             return Result(Outcome.FAILED, None, f"{type(e).__name__}: {e}")
         status = resp.status_code
