@@ -66,7 +66,7 @@ def pair(database_url: str, live_server: Callable[..., Any]) -> Iterator[tuple[P
     settings = {"allow_anonymous": False, "max_body_bytes": LIMIT}
     fsrv = live_server(database_url, **settings)
     rsrv = live_server(database_url, front=False, **settings)
-    assert isinstance(fsrv.app, IngestFront) and not isinstance(rsrv.app, IngestFront)
+    assert isinstance(_front(fsrv.app), IngestFront) and not isinstance(_front(rsrv.app), IngestFront)
     e = make_engine(database_url)
     toks = {role: tokens.create_token(e, f"t-{role}", role) for role in ("agent", "viewer")}
     toks["scoped"] = tokens.create_token(e, "t-scoped", "agent", node="elsewhere")
@@ -74,6 +74,13 @@ def pair(database_url: str, live_server: Callable[..., Any]) -> Iterator[tuple[P
     p = Pair(fsrv.url, rsrv.url)
     yield p, fsrv, rsrv, toks
     p.close()
+
+
+def _front(app: Any) -> Any:
+    """The ingest front under serving_app's outer layers (read timeouts, Host/Origin guard)."""
+    while not isinstance(app, IngestFront) and "app" in vars(app):
+        app = vars(app)["app"]
+    return app
 
 
 def bearer(tok: str) -> dict[str, str]:
@@ -161,7 +168,7 @@ def test_served_ingest_bypasses_the_starlette_route(database_url, live_server,
     assert srv.app.handled == 1
     # ... while the same app without the front does reach the (broken) endpoint. (No `with`: the
     # server's lifespan already runs this app's collector; a second lifespan would replace it.)
-    client = TestClient(srv.app.app, raise_server_exceptions=False)
+    client = TestClient(_front(srv.app).app, raise_server_exceptions=False)
     assert client.post(INGEST, content=body, headers=headers).status_code == 500
 
 
@@ -224,4 +231,4 @@ def test_create_app_stays_the_fastapi_app(sqlite_url) -> None:
     s = Settings.of({"database": {"url": sqlite_url}})
     assert not isinstance(create_app(s), IngestFront)
     served = serving_app(s)
-    assert isinstance(served, IngestFront) and served.state is served.app.state
+    assert isinstance(_front(served), IngestFront) and served.state is _front(served).app.state

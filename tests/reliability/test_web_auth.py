@@ -47,7 +47,8 @@ def test_host_rules() -> None:
     assert host_allowed("127.0.0.1:8000", ()) and host_allowed("[::1]:8000", ()) and host_allowed("10.1.2.3", ())
     assert not host_allowed("evil.example:8000", ())
     assert not host_allowed("localhost.evil.example", ())
-    assert not host_allowed(None, ()) and not host_allowed("", ())
+    assert host_allowed(None, ()), "no Host at all: not a browser (browsers always send one)"
+    assert not host_allowed("", ())
     assert host_allowed("gpufleet.corp.example", ("gpufleet.corp.example",))
     assert host_allowed("a.corp.example", (".corp.example",))
     assert not host_allowed("corp.example.evil", (".corp.example",))
