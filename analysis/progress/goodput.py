@@ -127,11 +127,8 @@ def rank_goodput(rank: int, windows: list[Window], alloc: Allocation, *, eval_pr
     a_len = max(0.0, alloc.end - alloc.start)
     covered = _covered([process_interval(p) for p in procs], alloc.start, alloc.end)
     gap = max(0.0, a_len - covered)
-    if gap:
-        busy = gpu_busy(alloc.start, alloc.end) if gpu_busy is not None else None
-        # No process of this rank reported: idle, unless the GPUs were busy (then something
-        # the job did not report ran: unexplained).
-        bad["unexplained" if busy else "idle"] += gap
+    if gap:  # no process of this rank running: nothing could make progress
+        bad["idle"] += gap
     accounted = productive + sum(bad.values())
     bad["unexplained"] += max(0.0, a_len - accounted)
     last = max(windows, key=lambda w: w.end)

@@ -12,11 +12,11 @@ from sqlalchemy.orm import Session
 
 from gpufleet.catalog import CATALOG
 from gpufleet.storage.models import Allocation as AllocationRow
-from gpufleet.storage.models import Gpu, Job, Node
+from gpufleet.storage.models import Gpu, Job, Node, job_samples_1m
 from gpufleet.storage.progress_models import JobProgress
 
 from .detect import ProgressThresholds, detect_all
-from .goodput import job_goodput
+from .goodput import GpuBusy, job_goodput
 from .model import Allocation, Goodput, Window
 
 MAX_WINDOWS = 200_000  # ~23 GPU-rank-days of windows; older ones are summarised by what is read
@@ -57,6 +57,26 @@ def job_gpu_peak(conn: Connection | Session, job_pk: int) -> tuple[float | None,
     return (gm.peak_tensor_tflops if gm else None), int(n or 0)
 
 
+IDLE_UTIL = 0.05  # NVML utilisation under which the job's GPUs ran no kernel (analysis: idle_gpu_util)
+
+
+def hardware_busy(conn: Connection | Session, job_pk: int, t0: float, t1: float) -> GpuBusy | None:
+    """From the job's 1-minute rollups: were its GPUs running kernels in [a, b]? (NVML
+    utilisation, else SM activity); None where no minute is known: unknown is not idle."""
+    t = job_samples_1m
+    rows = conn.execute(select(t.c.bucket, t.c.gpu_util, t.c.sm_active).where(
+        t.c.job_pk == job_pk, t.c.bucket >= t0 - 60, t.c.bucket <= t1).order_by(t.c.bucket)).all()
+    if not rows:
+        return None
+    busy = {float(b): (u if u is not None else sm) for b, u, sm in rows}
+
+    def gpu_busy(a: float, b: float) -> bool | None:
+        vals = [v for m, v in busy.items() if m + 60 > a and m < b and v is not None]
+        return None if not vals else max(vals) >= IDLE_UTIL
+
+    return gpu_busy
+
+
 def goodput_for_job(conn: Connection | Session, job_pk: int, now: float, *,
                     eval_productive: bool = False) -> tuple[Goodput | None, list[Window]]:
     ws = load_windows(conn, job_pk)
@@ -64,8 +84,18 @@ def goodput_for_job(conn: Connection | Session, job_pk: int, now: float, *,
         return None, ws
     alloc = job_allocation(conn, job_pk, now)
     peak, n_gpus = job_gpu_peak(conn, job_pk)
+    busy = hardware_busy(conn, job_pk, min(w.start for w in ws), max(w.end for w in ws)) if n_gpus else None
     return job_goodput(ws, alloc, eval_productive=eval_productive, peak_tflops_per_gpu=peak,
-                       n_gpus=n_gpus or None), ws
+                       n_gpus=n_gpus or None, gpu_busy=busy), ws
+
+
+def hardware_now(conn: Connection | Session, job_pk: int, ws: list[Window]) -> bool | None:
+    """The job's GPUs busy over its newest 2 minutes of progress (the hang cross-check)."""
+    if not ws:
+        return None
+    t1 = max(w.end for w in ws)
+    busy = hardware_busy(conn, job_pk, t1 - 120, t1)
+    return busy(t1 - 120, t1) if busy is not None else None
 
 
 def goodput_view(conn: Connection | Session, job_pk: int, now: float, *, eval_productive: bool = False,
@@ -81,7 +111,7 @@ def goodput_view(conn: Connection | Session, job_pk: int, now: float, *, eval_pr
     out = g.as_dict()
     out["findings"] = [{"kind": f.kind, "scope": f.scope, "severity": f.severity, "ongoing": f.ongoing,
                         "start_ts": f.start_ts, "end_ts": f.end_ts, "evidence": f.evidence}
-                       for f in detect_all(ws, g, now, th)]
+                       for f in detect_all(ws, g, now, th, gpu_busy=hardware_now(conn, job_pk, ws))]
     out["per_rank"] = [{"rank": p.rank, "host": p.host, "node": p.node, "gpu": p.gpu,
                         "productive_s": round(p.productive_s, 3), "badput_s": {k: round(v, 3) for k, v in
                                                                                p.badput_s.items()},
