@@ -468,6 +468,34 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+# What a job looks like on a real cluster. A job's name and labels never say which profile it
+# runs (a demo whose "idle_gpu" job gets the idle_gpu flag proves nothing): each profile draws
+# from names a healthy job could carry too, and the labels are the usual team/framework tags.
+JOB_NAMES: dict[str, tuple[str, ...]] = {
+    "llm_pretrain": ("llama3-70b-pretrain", "mixtral-8x7b-pt", "gpt-neox-20b-pt"),
+    "vision_train": ("resnet50-dali", "vit-l16-imagenet", "efficientnet-b7-ft"),
+    "batch_inference": ("vllm-serve-70b", "whisper-large-batch", "clip-embed-laion"),
+    "multinode_dp": ("llama3-8b-pretrain", "bert-large-mlm-dp", "t5-xl-pretrain"),
+    "hpc_fp64": ("lammps-md-water", "gromacs-stmv", "openfoam-les"),
+    "idle_gpu": ("jupyter-dev", "llama3-8b-eval", "sd-xl-debug"),
+    "low_sm_activity": ("rl-ppo-atari", "gnn-ogbn-products", "recsys-dlrm-small"),
+    "no_tensor_cores": ("bert-large-ft", "unet-segmentation", "wav2vec2-ft"),
+    "input_stall": ("resnet152-s3", "yolov8-coco", "vit-b16-webdataset"),
+    "comm_bound": ("llama3-405b-fsdp", "mixtral-8x22b-moe", "gpt3-175b-tp"),
+    "straggler": ("llama3-8b-sft", "mistral-7b-sft", "qwen2-7b-dpo"),
+    "memory_underuse": ("distilbert-ft", "xgboost-gpu-hpo", "tabnet-sweep"),
+    "throttled": ("sdxl-finetune", "llama2-13b-lora", "detr-coco"),
+    "oversized_allocation": ("codegen-6b-ft", "opt-1.3b-ft", "gpt2-medium-ft"),
+    "hw_fault": ("llama3-70b-dpo", "falcon-40b-sft", "mpt-30b-pt"),
+}
+TEAMS = ("llm-core", "vision", "inference", "science", "recsys", "speech")
+FRAMEWORKS = ("pytorch", "jax", "deepspeed", "megatron")
+
+
+def _pick(options: tuple[str, ...], job_id: str, salt: str) -> str:
+    return options[int(hashlib.sha1(f"{salt}/{job_id}".encode()).hexdigest()[:8], 16) % len(options)]
+
+
 def gpu_uuid(node: str, index: int) -> str:
     h = hashlib.sha1(f"{node}/{index}".encode()).hexdigest()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
@@ -498,10 +526,13 @@ class SimJob:
         return _job_seed(self.job_id)
 
     def info(self) -> JobInfo:
-        return JobInfo(job_id=self.job_id, source="simulator", user=self.user, name=self.name or self.profile.name,
+        names = JOB_NAMES.get(self.profile.name, ("train",))
+        return JobInfo(job_id=self.job_id, source="simulator", user=self.user,
+                       name=self.name or _pick(names, self.job_id, "name"),
                        account=self.account, partition=self.partition, num_nodes=len(self.nodes),
                        ntasks=len(self.gpus), start_ts=self.start_ts,
-                       labels={"profile": self.profile.name})
+                       labels={"team": _pick(TEAMS, self.job_id, "team"),
+                               "framework": _pick(FRAMEWORKS, self.job_id, "fw")})
 
 
 @dataclass
@@ -544,9 +575,21 @@ def place_jobs(nodes: list[str], gpus_per_node: int, seed: int, start_ts: float)
     jobs: list[SimJob] = []
     users = ["alice", "bob", "chen", "dana", "eve", "farid", "gita", "hiro"]
     jid = 100000 + rng.randrange(1000)
+    # A fleet of demo size (gpufleet up simulates 16 nodes) runs every inefficient profile at
+    # least once, so the demo shows every flag the engine can raise; smaller fleets (tests,
+    # single-node agents) keep the plain 60/40 draw.
+    must = sorted(sick, key=lambda q: random.Random(f"{seed}/{q.name}").random()) if len(nodes) >= 12 else []
+
+    def nodes_for(q: Profile) -> int:
+        n = max(1, -(-q.min_gpus // gpus_per_node))
+        return n if q.multi_node and n >= 2 else 1
+
     i = 0
     while i < len(nodes):
-        p = rng.choice(healthy) if rng.random() < 0.6 else rng.choice(sick)
+        if must and len(nodes) - i <= sum(nodes_for(q) for q in must):
+            p = must.pop()
+        else:
+            p = rng.choice(healthy) if rng.random() < 0.6 else (must.pop() if must else rng.choice(sick))
         need_nodes = max(1, -(-p.min_gpus // gpus_per_node))
         if p.multi_node and need_nodes >= 2 and i + need_nodes <= len(nodes):
             n_nodes = need_nodes
