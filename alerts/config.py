@@ -55,6 +55,10 @@ class Rule:
 DEFAULT_RULES = (
     Rule(name="waste", flags=tuple(k for k in FLAG_KINDS if k != "hw_fault")),
     Rule(name="hardware", flags=("hw_fault",), min_severity="info", min_duration_s=0.0, min_wasted_gpu_hours=0.0),
+    # A critical hang (the job's own progress stopped, docs/progress.md) wastes every GPU from the
+    # moment it starts: page within minutes, whatever it wasted so far, CPU-only jobs included.
+    Rule(name="hang", flags=("hung",), min_severity="critical", min_gpus=0, min_duration_s=0.0,
+         min_wasted_gpu_hours=0.0),
 )
 
 

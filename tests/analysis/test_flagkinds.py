@@ -41,7 +41,8 @@ CROSS_REFERENCES = {
     "hung": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
              "analysis/progress/detect.py": "the job's own progress gives a hang its second kind of evidence",
              "analysis/progress/goodput.py": "time lost to a hang is one cause of the progress goodput",
-             "analysis/progress/model.py": "the progress goodput's causes include hangs"},
+             "analysis/progress/model.py": "the progress goodput's causes include hangs",
+             "alerts/config.py": "a critical hang pages at once, whatever it wasted (docs/progress.md)"},
     "pipeline_imbalance": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
                            "analysis/detectors/straggler.py": "a deviant without a hardware signature is one"},
 }
