@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import html
 import json
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -23,7 +24,8 @@ from gpufleet import __version__
 
 STATIC = Path(__file__).with_name("static")
 OWN_FILES = {"app.js": "text/javascript", "app.css": "text/css", "favicon.svg": "image/svg+xml",
-             "collectives.js": "text/javascript", "goodput.js": "text/javascript"}
+             "collectives.js": "text/javascript", "goodput.js": "text/javascript",
+             "replay.js": "text/javascript", "pages.css": "text/css"}
 UPLOT_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.iife.js": "text/javascript",
                "uPlot.min.css": "text/css"}
 # Swagger UI and ReDoc from the installed ``fastapi-offline`` package (never copied here).
@@ -60,6 +62,7 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <link rel="icon" href="/favicon.ico" type="image/svg+xml">
 <link rel="stylesheet" href="/static/uplot/uPlot.min.css">
 <link rel="stylesheet" href="/static/app.css?v={__version__}">
+<link rel="stylesheet" href="/static/pages.css?v={__version__}">
 </head><body>
 <header><a class="brand" href="/">gpufleet</a><nav>{nav}</nav><span id="status" class="muted"></span></header>
 <main id="app" data-config="{html.escape(json.dumps(cfg), quote=True)}"><p class="muted">Loading…</p></main>
@@ -68,9 +71,45 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <script src="/static/collectives.js?v={__version__}"></script>
 <script src="/static/goodput.js?v={__version__}"></script>
 <script src="/static/app.js?v={__version__}"></script>
+<script src="/static/replay.js?v={__version__}"></script>
 </body></html>"""
     return HTMLResponse(body, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                                        "Cache-Control": "no-cache"})
+
+
+class ReplayProgress:
+    """How far ``gpufleet up``'s simulated agents are through replaying their past, so the page
+    shows "replaying history: N%" instead of looking empty while the first charts fill.
+    Agents (threads) add the cycles they will replay, then count them off; ``up`` puts the
+    object on ``app.state.replay``. No object there (``serve``, a real fleet): nothing to show."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = 0
+        self.done = 0
+
+    def plan(self, cycles: int) -> None:
+        with self._lock:
+            self.total += cycles
+
+    def step(self, cycles: int = 1) -> None:
+        with self._lock:
+            self.done = min(self.total, self.done + cycles)
+
+    def as_json(self) -> dict[str, object]:
+        with self._lock:
+            total, done = self.total, self.done
+        active = total > 0 and done < total
+        return {"active": active, "percent": round(100.0 * done / total, 1) if total else None,
+                "cycles_done": done, "cycles_total": total}
+
+
+@router.get("/web/replay")
+def replay_status(request: Request) -> dict[str, object]:
+    progress: ReplayProgress | None = getattr(request.app.state, "replay", None)
+    if progress is None:
+        return {"active": False, "percent": None, "cycles_done": 0, "cycles_total": 0}
+    return progress.as_json()
 
 
 Name = Annotated[str, PathParam(max_length=255)]

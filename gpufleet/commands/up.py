@@ -88,6 +88,9 @@ class _Background:
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.agent_token: str | None = None  # minted by run(): agents store data in every mode
+        from gpufleet.api.web import ReplayProgress
+
+        self.replay = ReplayProgress()  # the page's "replaying history: N%" (api/web.py)
 
     def start_agents(self) -> None:
         from gpufleet.agent.runner import Agent, AgentConfig
@@ -108,6 +111,7 @@ class _Background:
                 print(f"training progress: GPUFLEET_PROGRESS={relay.path}" if relay else
                       "training progress: off (GPUFLEET_PROGRESS=off, or no folder for its socket)", flush=True)
             history = self.args.history_minutes if getattr(source, "name", "") == "simulator" else 0.0
+            self.replay.plan(int(history * 60 / cfg.interval_s))
             t = threading.Thread(target=self._run_agent, args=(agent, history), name=f"agent-{node}", daemon=True)
             t.start()
             self.threads.append(t)
@@ -119,6 +123,7 @@ class _Background:
             agent.start()
             t = time.time() - history_minutes * 60
             n = 0
+            planned = int(history_minutes * 60 / agent.config.interval_s)  # as start_agents planned it
             # Re-read the clock every cycle: the replay itself takes seconds, leave no gap.
             while t < time.time() and not self.stop.is_set():
                 agent.cycle(t)
@@ -126,7 +131,9 @@ class _Background:
                 n += 1
                 if n % 60 == 0:
                     agent.flush()
+                    self.replay.step(60 if n <= planned else 0)
             agent.flush()
+            self.replay.step(max(0, planned - (min(n, planned) // 60) * 60))  # this agent's share, no more
         agent.run(self.stop)
 
     def start_analysis(self, engine: Any) -> None:
@@ -226,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
 
     @contextlib.asynccontextmanager
     async def background(app: Any) -> AsyncIterator[None]:
+        app.state.replay = bg.replay
         bg.start_analysis(app.state.engine)
         yield
         bg.shutdown()
