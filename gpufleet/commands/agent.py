@@ -142,6 +142,12 @@ def run(args: argparse.Namespace) -> int:
             for t in threads:
                 t.join()
             return 2
+        if not threads:  # training processes on this host report to the first agent (docs/progress.md)
+            from gpufleet.agent.progress_relay import attach
+
+            relay = attach(agent)
+            if relay is not None:
+                log.info("agent: training progress on %s (GPUFLEET_PROGRESS)", relay.path)
         t = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{node}")
         t.start()
         threads.append(t)
