@@ -238,6 +238,8 @@ class FleetSummary(BaseModel):
     window: dict[str, float | None]
     wasted_gpu_hours: dict[str, float | None] = Field(description="cause (flag kind) -> GPU-hours in the window")
     wasted_gpu_hours_total: float | None = None
+    allocated_gpu_hours: float | None = Field(None, description="GPU-hours allocated to jobs in the window: the "
+                                              "denominator of wasted_gpu_hours_total")
     open_flags: dict[str, int]
     top_jobs: list[dict[str, Any]]
     top_users: list[dict[str, Any]]

@@ -115,8 +115,17 @@ def fleet_summary(session: Session, *, window_s: float, cluster: str | None = No
     top_users = [{"user": r.user, "wasted_gpu_hours": clean(r.wasted), "allocated_gpu_hours": clean(r.allocated),
                   "jobs": int(r.jobs)}
                  for r in session.execute(uq.order_by(func.sum(JobReport.wasted_gpu_hours).desc()).limit(TOP_N))]
+    # The denominator of the waste: GPU-hours allocated to jobs inside the window (an open
+    # allocation runs to now), so "7.0 wasted" reads "7.0 of 102.4 allocated GPU-h".
+    aq = (select(Allocation.start_ts, Allocation.end_ts)
+          .where(or_(Allocation.end_ts.is_(None), Allocation.end_ts >= since), Allocation.start_ts <= t_end))
+    if cluster:
+        aq = aq.where(Allocation.gpu_pk.in_(gpu_q.scalar_subquery()))
+    allocated_s = sum(_overlap(a.start_ts, t_end if a.end_ts is None else a.end_ts, since, t_end)
+                      for a in session.execute(aq))
     return {
         "window_s": window_s, "start": since, "end": t_end,
+        "allocated_gpu_hours": clean(allocated_s / 3600),
         "nodes": int(n_nodes), "gpus": len(gpu_pks), "gpus_reporting": len(live), "gpus_allocated": int(busy),
         "current": {"sm_active": mean("sm_active"), "tensor_active": mean("tensor_active"),
                     "dram_active": mean("dram_active"), "power_w": mean("power_w")},
