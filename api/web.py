@@ -15,17 +15,22 @@ import threading
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
+from sqlalchemy import select
 
 from gpufleet import __version__
+
+from .deps import require_viewer
+from .routes_common import SessionDep
 
 STATIC = Path(__file__).with_name("static")
 OWN_FILES = {"app.js": "text/javascript", "app.css": "text/css", "favicon.svg": "image/svg+xml",
              "collectives.js": "text/javascript", "goodput.js": "text/javascript",
-             "replay.js": "text/javascript", "pages.css": "text/css"}
+             "replay.js": "text/javascript", "pages.css": "text/css", "fleet.js": "text/javascript",
+             "search.js": "text/javascript"}
 UPLOT_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.iife.js": "text/javascript",
                "uPlot.min.css": "text/css"}
 # Swagger UI and ReDoc from the installed ``fastapi-offline`` package (never copied here).
@@ -51,7 +56,10 @@ def _uplot_js() -> str:
 
 def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTMLResponse:
     settings = request.app.state.settings
-    cfg = {"page": page, "args": args, "grafana": bool(settings.grafana.url), "version": __version__}
+    cost = settings.cost
+    cfg = {"page": page, "args": args, "grafana": bool(settings.grafana.url), "version": __version__,
+           "cost": {"price": cost.gpu_hour_price, "by_cluster": cost.gpu_hour_price_by_cluster,
+                    "currency": cost.currency}}
     nav = "".join(f'<a href="{href}"{" class=on" if key == page else ""}>{label}</a>'
                   for key, href, label in (("fleet", "/", "Fleet"), ("jobs", "/jobs", "Jobs"),
                                            ("flags", "/flags", "Flags"), ("silences", "/silences", "Silences")))
@@ -70,7 +78,9 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <script src="/static/auth/session.js?v={__version__}"></script>
 <script src="/static/collectives.js?v={__version__}"></script>
 <script src="/static/goodput.js?v={__version__}"></script>
+<script src="/static/fleet.js?v={__version__}"></script>
 <script src="/static/app.js?v={__version__}"></script>
+<script src="/static/search.js?v={__version__}"></script>
 <script src="/static/replay.js?v={__version__}"></script>
 </body></html>"""
     return HTMLResponse(body, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
@@ -110,6 +120,36 @@ def replay_status(request: Request) -> dict[str, object]:
     if progress is None:
         return {"active": False, "percent": None, "cycles_done": 0, "cycles_total": 0}
     return progress.as_json()
+
+
+@router.get("/web/search", dependencies=[Depends(require_viewer)])
+def search(session: SessionDep, q: Annotated[str, Query(min_length=1, max_length=255)]) -> dict[str, object]:
+    """The header's search box: a job id, a node name, a GPU UUID or a user, straight to its page.
+    Exact matches only (ids are typed or pasted); ``href`` None when nothing or several match,
+    with no error status, so the page can say so without a failed request in the console."""
+    from urllib.parse import quote, urlencode
+
+    from gpufleet.storage.models import Cluster, Gpu, Job, Node
+
+    q = q.strip()
+    hits: list[dict[str, str]] = []
+    for job_id, cluster in session.execute(select(Job.job_id, Cluster.name).join(Cluster, Cluster.id == Job.cluster_id)
+                                           .where(Job.job_id == q).limit(10)):
+        hits.append({"kind": "job", "label": f"job {job_id} ({cluster})",
+                     "href": f"/jobs/{quote(job_id, safe='/')}?{urlencode({'cluster': cluster})}"})
+    for name, cluster in session.execute(select(Node.name, Cluster.name).join(Cluster, Cluster.id == Node.cluster_id)
+                                         .where(Node.name == q).limit(10)):
+        hits.append({"kind": "node", "label": f"node {name} ({cluster})",
+                     "href": f"/nodes/{quote(name, safe='')}?{urlencode({'cluster': cluster})}"})
+    for uuid, name, cluster in session.execute(select(Gpu.uuid, Node.name, Cluster.name)
+                                               .join(Node, Node.id == Gpu.node_id)
+                                               .join(Cluster, Cluster.id == Node.cluster_id)
+                                               .where(Gpu.uuid == q).limit(1)):
+        hits.append({"kind": "gpu", "label": f"GPU {uuid} on {name}",
+                     "href": f"/nodes/{quote(name, safe='')}?{urlencode({'cluster': cluster})}"})
+    if session.execute(select(Job.id).where(Job.user == q).limit(1)).first():
+        hits.append({"kind": "user", "label": f"jobs of user {q}", "href": f"/jobs?{urlencode({'user': q})}"})
+    return {"q": q, "href": hits[0]["href"] if len(hits) == 1 else None, "matches": hits}
 
 
 Name = Annotated[str, PathParam(max_length=255)]

@@ -15,12 +15,13 @@ the file and the models differ."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -175,6 +176,38 @@ class GcSettings(Section):
                          "what exists at startup; 0 keeps Python's defaults (gpufleet/gctune.py)", ge=0)
 
 
+class CostSettings(Section):
+    gpu_hour_price: float | None = env("GPU_HOUR_PRICE", None, "price of one GPU-hour: the web pages show waste as "
+                                       "cost too; unset shows GPU-hours only", ge=0)
+    gpu_hour_price_by_cluster: dict[str, float] = env("GPU_HOUR_PRICE_BY_CLUSTER", {}, "JSON `{cluster: price}`: "
+                                                      "a cluster's own GPU-hour price, over `GPU_HOUR_PRICE`")
+    currency: str = env("CURRENCY", "USD", "currency of the GPU-hour prices (ISO 4217 code)",
+                        pattern=r"^[A-Z]{3}$")
+
+    @field_validator("gpu_hour_price_by_cluster", mode="before")
+    @classmethod
+    def _json_object(cls, v: Any) -> Any:
+        if isinstance(v, str):  # from the environment: a JSON object
+            try:
+                return json.loads(v)
+            except ValueError as e:
+                raise ValueError(f"not a JSON object ({e})") from None
+        return v
+
+    @field_validator("gpu_hour_price_by_cluster")
+    @classmethod
+    def _no_negative(cls, v: dict[str, float]) -> dict[str, float]:
+        if bad := sorted(k for k, p in v.items() if p < 0):
+            raise ValueError(f"negative price for {', '.join(bad)}")
+        return v
+
+    def price(self, cluster: str | None = None) -> float | None:
+        """The GPU-hour price for ``cluster`` (its own, else the default); None: no price set."""
+        if cluster is not None and cluster in self.gpu_hour_price_by_cluster:
+            return self.gpu_hour_price_by_cluster[cluster]
+        return self.gpu_hour_price
+
+
 SECTIONS: dict[str, type[Section]] = {
     "database": DatabaseSettings,
     "http": HttpSettings,
@@ -187,6 +220,7 @@ SECTIONS: dict[str, type[Section]] = {
     "grafana": GrafanaSettings,
     "celery": CelerySettings,
     "gc": GcSettings,
+    "cost": CostSettings,
 }
 
 
@@ -243,6 +277,7 @@ class Settings(BaseSettings):
     grafana: GrafanaSettings = _section("grafana")
     celery: CelerySettings = _section("celery")
     gc: GcSettings = _section("gc")
+    cost: CostSettings = _section("cost")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -132,6 +132,7 @@
 
   // ---- Fleet ---------------------------------------------------------------------------
   async function fleetPage() {
+    const W = window.gpufleetFleet ? window.gpufleetFleet.range() : { key: "24h", label: "24 h" };  // fleet.js
     const kpis = h("div", { class: "kpis" });
     const waste = h("div", { class: "bars" });
     const grid = h("div", { class: "grid", id: "gpu-grid" });
@@ -140,50 +141,52 @@
     const topJobs = h("div");
     const topUsers = h("div");
     fill(root, 
-      h("h1", {}, "Fleet"), kpis,
+      h("h1", {}, "Fleet", window.gpufleetFleet ? window.gpufleetFleet.rangePicker(W) : null), kpis,
       h("h2", {}, "GPUs by node, colored by SM activity (newest minute)"),
       h("div", { class: "legend" }, "idle", h("span", { class: "ramp" }), "busy",
         h("span", { class: "cell", style: { marginLeft: "12px" } }), "no data",
         h("span", { class: "cell free", style: { marginLeft: "12px", background: "transparent" } }), "unallocated", gridNote),
       grid,
       h("div", { class: "cols" },
-        h("section", {}, h("h2", {}, "GPU-hours wasted, last 24 h, by cause"), waste),
-        h("section", {}, h("h2", {}, "Top wasting users (24 h)"), topUsers)),
+        h("section", {}, h("h2", {}, `GPU-hours wasted, last ${W.label}, by cause`), waste),
+        h("section", {}, h("h2", {}, `Top wasting users (${W.label})`), topUsers)),
       h("div", { class: "cols" },
         h("section", {}, h("h2", {}, "Open flags"), flagsBox),
-        h("section", {}, h("h2", {}, "Top wasting jobs (24 h)"), topJobs)));
+        h("section", {}, h("h2", {}, `Top wasting jobs (${W.label})`), topJobs)));
 
     async function loadSummary() {
-      const s = await api("/api/v1/fleet/summary?window=24h");
+      const s = await api(`/api/v1/fleet/summary?window=${W.key}`);
       fill(kpis, 
         kpi("SM active now", pct(s.current.sm_active), "mean over reporting GPUs, newest minute"),
         kpi("Tensor active now", pct(s.current.tensor_active)),
-        kpi("SM active 24 h", pct(s.window.sm_active)),
-        kpi("Tensor active 24 h", pct(s.window.tensor_active)),
+        kpi(`SM active ${W.label}`, pct(s.window.sm_active)),
+        kpi(`Tensor active ${W.label}`, pct(s.window.tensor_active)),
         kpi("GPUs reporting", `${s.gpus_reporting} / ${s.gpus}`, `${s.nodes} nodes`),
         kpi("GPUs allocated", `${s.gpus_allocated}`),
         ...(window.gpufleetFleetEttr ? [kpi("Fleet ETTR", ...window.gpufleetFleetEttr(s))] : []),
-        kpi("Wasted GPU-h 24 h", gh(s.wasted_gpu_hours_total)),
+        window.gpufleetFleet ? kpi(...window.gpufleetFleet.wasteKpi(s, W)) : kpi("Wasted GPU-h 24 h", gh(s.wasted_gpu_hours_total)),
         kpi("Open flags", `${Object.values(s.open_flags).reduce((a, b) => a + b, 0)}`,
           Object.entries(s.open_flags).map(([k, v]) => `${k}: ${v}`).join(", ")));
-      const causes = Object.entries(s.wasted_gpu_hours);
+      const causes = Object.entries(s.wasted_gpu_hours).filter(([, v]) => v > 0);
       const max = Math.max(1e-9, ...causes.map(([, v]) => v || 0));
       fill(waste, causes.length ? causes.map(([k, v]) => h("div", { class: "bar" }, h("span", {}, k),
         h("div", { class: "track" }, h("div", { class: "fill", style: { width: `${((v || 0) / max) * 100}%` } })),
-        h("span", { class: "n" }, gh(v)))) : h("p", { class: "muted" }, "No waste flagged in the last 24 h."));
-      fill(topJobs, s.top_jobs.length ? table([
+        h("span", { class: "n" }, gh(v)))) : h("p", { class: "muted" }, `No waste flagged in the last ${W.label}.`));
+      const wasters = s.top_jobs.filter((j) => j.wasted_gpu_hours > 0);
+      const wastingUsers = s.top_users.filter((u) => u.wasted_gpu_hours > 0);
+      fill(topJobs, wasters.length ? table([
         { label: "Job", get: (j) => h("a", { href: jobHref(j.cluster, j.job_id) }, j.job_id) },
         { label: "Name", get: (j) => h("span", { class: "trunc" }, j.name ?? "") },
         { label: "User", get: (j) => j.user ?? dash },
         { label: "Wasted GPU-h", n: true, get: (j) => gh(j.wasted_gpu_hours) },
         { label: "Score", n: true, get: (j) => pct(j.goodput_score) },
-      ], s.top_jobs) : h("p", { class: "muted" }, "No analysed jobs yet."));
-      fill(topUsers, s.top_users.length ? table([
+      ], wasters) : h("p", { class: "muted" }, s.top_jobs.length ? "No job wasted GPU time." : "No analysed jobs yet."));
+      fill(topUsers, wastingUsers.length ? table([
         { label: "User", get: (u) => h("a", { href: `/jobs?${qs({ user: u.user ?? "", sort: "waste" })}` }, u.user ?? dash) },
         { label: "Jobs", n: true, get: (u) => u.jobs },
         { label: "Allocated GPU-h", n: true, get: (u) => gh(u.allocated_gpu_hours) },
         { label: "Wasted GPU-h", n: true, get: (u) => gh(u.wasted_gpu_hours) },
-      ], s.top_users) : h("p", { class: "muted" }, "No analysed jobs yet."));
+      ], wastingUsers) : h("p", { class: "muted" }, s.top_users.length ? "No user wasted GPU time." : "No analysed jobs yet."));
     }
 
     async function loadGrid() {
