@@ -30,7 +30,7 @@ STATIC = Path(__file__).with_name("static")
 OWN_FILES = {"app.js": "text/javascript", "app.css": "text/css", "favicon.svg": "image/svg+xml",
              "collectives.js": "text/javascript", "goodput.js": "text/javascript",
              "replay.js": "text/javascript", "pages.css": "text/css", "fleet.js": "text/javascript",
-             "search.js": "text/javascript"}
+             "search.js": "text/javascript", "xid.js": "text/javascript", "gpu.js": "text/javascript"}
 UPLOT_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.iife.js": "text/javascript",
                "uPlot.min.css": "text/css"}
 # Swagger UI and ReDoc from the installed ``fastapi-offline`` package (never copied here).
@@ -79,6 +79,8 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <script src="/static/collectives.js?v={__version__}"></script>
 <script src="/static/goodput.js?v={__version__}"></script>
 <script src="/static/fleet.js?v={__version__}"></script>
+<script src="/static/xid.js?v={__version__}"></script>
+<script src="/static/gpu.js?v={__version__}"></script>
 <script src="/static/app.js?v={__version__}"></script>
 <script src="/static/search.js?v={__version__}"></script>
 <script src="/static/replay.js?v={__version__}"></script>
@@ -120,6 +122,35 @@ def replay_status(request: Request) -> dict[str, object]:
     if progress is None:
         return {"active": False, "percent": None, "cycles_done": 0, "cycles_total": 0}
     return progress.as_json()
+
+
+XID_ACTIONS = {"RESTART_APP": "restart the application", "RESET_GPU": "reset the GPU (drain it first)",
+               "RESTART_BM": "reboot the node", "CONTACT_SUPPORT": "contact NVIDIA support",
+               "IGNORE": "no action by itself"}
+XID_ORIGINS = {"application", "driver", "hardware", "fabric"}
+
+
+@functools.cache
+def xid_table() -> dict[int, dict[str, str]]:
+    """gpufleet/xid.toml by code, checked: a malformed entry fails loudly at first use."""
+    import tomllib
+
+    from gpufleet import __file__ as pkg_file
+
+    path = Path(pkg_file).with_name("xid.toml")  # packaged beside gpufleet/__init__.py
+    out: dict[int, dict[str, str]] = {}
+    for e in tomllib.loads(path.read_text())["xid"]:
+        code, action, origin = e["code"], e["action"], e["origin"]
+        if not isinstance(code, int) or code in out or action not in XID_ACTIONS or origin not in XID_ORIGINS:
+            raise ValueError(f"{path}: bad [[xid]] entry {e!r}")
+        out[code] = {"meaning": str(e["meaning"]), "action": XID_ACTIONS[action], "origin": origin}
+    return out
+
+
+@router.get("/web/xid")
+def xid_codes() -> dict[str, object]:
+    """NVIDIA's XID meanings (gpufleet/xid.toml) for the pages that show events."""
+    return {"data": {str(k): v for k, v in sorted(xid_table().items())}}
 
 
 @router.get("/web/search", dependencies=[Depends(require_viewer)])
@@ -229,6 +260,11 @@ def apidocs_file(name: str) -> Response:
                         headers={"Cache-Control": "public, max-age=86400"})
     return FileResponse(_apidocs_dir() / name, media_type=APIDOCS_FILES[name],
                         headers={"Cache-Control": "public, max-age=86400"})
+
+
+@router.get("/gpus/{uuid}", response_class=HTMLResponse)
+def gpu_page(request: Request, uuid: Annotated[str, PathParam(max_length=96)]) -> HTMLResponse:
+    return _shell(request, "gpu", f"GPU {uuid}", {"uuid": uuid})
 
 
 @router.get("/favicon.ico")

@@ -439,6 +439,7 @@
     let n;
     try { n = await api(`/api/v1/nodes/${enc(name)}?${qs({ cluster })}`); } catch (e) { return fail(e); }
     const thr = (g) => g.throttle;
+    if (window.gpufleetXid) await window.gpufleetXid.ready;  // XID meanings (xid.js)
     fill(root, 
       h("h1", {}, `Node ${n.name}`),
       h("div", { class: "meta" }, h("span", {}, "cluster ", h("b", {}, n.cluster)), h("span", {}, "agent ", h("b", {}, n.agent_version ?? dash)),
@@ -448,7 +449,7 @@
       table([
         { label: "GPU", n: true, get: (g) => g.index },
         { label: "Model", get: (g) => g.model ?? dash },
-        { label: "UUID", get: (g) => h("span", { class: "trunc muted", title: g.uuid }, g.uuid) },
+        { label: "UUID", get: (g) => h("a", { class: "trunc", title: g.uuid, href: `/gpus/${enc(g.uuid)}` }, g.uuid) },
         { label: "Job", get: (g) => (g.job ? h("a", { href: jobHref(g.job.cluster, g.job.job_id) }, g.job.job_id) : dash) },
         { label: "User", get: (g) => h("span", { class: "trunc", title: g.job?.user ?? "" }, g.job?.user ?? dash) },
         { label: "SM now", n: true, get: (g) => pct(g.current?.sm_active) },
@@ -463,7 +464,9 @@
       h("h2", {}, "XID / ECC / health events (7 days)"),
       n.events.length ? table([
         { label: "Time", get: (e) => when(e.ts) }, { label: "Kind", get: (e) => e.kind }, { label: "Code", n: true, get: (e) => e.code ?? dash },
-        { label: "GPU", n: true, get: (e) => e.gpu_index ?? dash }, { label: "Message", wrap: true, get: (e) => e.message },
+        { label: "GPU", n: true, get: (e) => (e.gpu_uuid ? h("a", { href: `/gpus/${enc(e.gpu_uuid)}` }, e.gpu_index ?? "?") : e.gpu_index ?? dash) },
+        { label: "Meaning (NVIDIA)", wrap: true, get: (e) => (window.gpufleetXid && window.gpufleetXid.describe(e.kind, e.code)) || dash },
+        { label: "Message", wrap: true, get: (e) => e.message },
       ], n.events, { class: "events" }) : h("p", { class: "muted" }, "No events."));
     if (window.gpufleetNodeNics) {  // the node's IB/RoCE ports (collectives.js, docs/nccl.md)
       const nicEl = h("div", { id: "node-nics" });
@@ -503,7 +506,8 @@
     done();
   }
 
-  const pages = { fleet: fleetPage, jobs: jobsPage, job: jobPage, node: nodePage, flags: flagsPage };
+  const pages = { fleet: fleetPage, jobs: jobsPage, job: jobPage, node: nodePage, flags: flagsPage,
+    gpu: () => window.gpufleetGpuPage({ root, cfg, h, fill, api, table, kpi, when, pct, num, dash, enc, jobHref, nodeHref }).then(done) };  // gpu.js
   // The registry loads alongside each page's own data; pages await it only before they draw.
   (pages[cfg.page] || fleetPage)().catch(fail);
 })();
