@@ -480,27 +480,41 @@
   async function flagsPage() {
     await kindsReady;
     const p = new URLSearchParams(location.search);
-    const f = { open: p.get("open") ?? "true", kind: p.get("kind") || "" };
+    const f = { open: p.get("open") ?? "true", kind: p.get("kind") || "", severity: p.get("severity") || "", sort: p.get("sort") || "waste" };
+    const SEV = { critical: 0, warning: 1, info: 2 };
+    const sorters = { waste: null, newest: (a, b) => b.start_ts - a.start_ts,  // waste: the API's own order
+      severity: (a, b) => (SEV[a.severity] ?? 9) - (SEV[b.severity] ?? 9) || (b.wasted_gpu_hours || 0) - (a.wasted_gpu_hours || 0) };
+    // One line of evidence: the first three numbers the registry labels, with their units.
+    // A key the registry does not label reads as words ("idle fraction"), never as snake_case.
+    const evLine = (x) => Object.entries(x.evidence || {})
+      .filter(([, v]) => v !== null && v !== undefined && typeof v !== "object")
+      .map(([k, v]) => [evSpec(x.kind, k), k, v]).sort(([a], [b]) => (b ? 1 : 0) - (a ? 1 : 0)).slice(0, 3)
+      .map(([spec, k, v]) => `${spec ? spec.label : k.replace(/_/g, " ")} ${evValue(spec, v)}`).join(" · ") || dash;
     const out = h("div");
     const sel = (name, label, options) => h("label", {}, label, h("select", { name, onchange: (e) => { f[name] = e.target.value; load(); } },
       options.map(([v, t]) => h("option", { value: v, selected: f[name] === v }, t))));
     fill(root, h("h1", {}, "Flags"), h("div", { class: "filters" },
       sel("open", "Status", [["true", "open"], ["false", "resolved"], ["", "all"]]),
-      sel("kind", "Kind", kindOptions())), out);
+      sel("kind", "Kind", kindOptions()),
+      sel("severity", "Severity", [["", "any"], ...(KINDS.severities || ["critical", "warning", "info"]).slice().reverse().map((v) => [v, v])]),
+      sel("sort", "Sort", [["waste", "most wasteful"], ["severity", "severity"], ["newest", "newest"]])), out);
     async function load() {
       history.replaceState(null, "", `/flags?${qs(f)}`);
-      const r = await api(`/api/v1/flags?${qs({ ...f, limit: 200 })}`);
+      const r = await api(`/api/v1/flags?${qs({ open: f.open, kind: f.kind, severity: f.severity, limit: 200 })}`);
+      if (sorters[f.sort]) r.data.sort(sorters[f.sort]);
       fill(out, h("p", { class: "muted" }, `${r.count} flags${r.count > r.data.length ? `, showing the ${r.data.length} most wasteful` : ""}`),
         r.data.length ? table([
           { label: "Flag", get: (x) => chip(x) },
+          { label: "Severity", get: (x) => h("span", { class: `sev ${x.severity}` }, x.severity) },
           { label: "Job", get: (x) => h("a", { href: jobHref(x.cluster, x.job_id) }, x.job_id) },
           { label: "Name", get: (x) => h("span", { class: "trunc" }, x.job_name ?? "") },
           { label: "User", get: (x) => x.user ?? dash },
           { label: "Scope", get: (x) => x.scope || "job" },
           { label: "Since", get: (x) => when(x.start_ts) },
           { label: "Wasted GPU-h", n: true, get: (x) => gh(x.wasted_gpu_hours) },
+          { label: "Evidence", wrap: true, get: (x) => h("span", { class: "evline" }, evLine(x)) },
           { label: "Suggestion", wrap: true, get: (x) => x.suggestion },
-        ], r.data) : null);
+        ], r.data, { class: "flagtable" }) : null);
     }
     await load();
     done();
