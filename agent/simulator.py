@@ -578,19 +578,23 @@ def place_jobs(nodes: list[str], gpus_per_node: int, seed: int, start_ts: float)
     # A fleet of demo size (gpufleet up simulates 16 nodes) runs every inefficient profile at
     # least once, so the demo shows every flag the engine can raise; smaller fleets (tests,
     # single-node agents) keep the plain 60/40 draw.
+    # Those jobs also started before the replayed history (>= 45 min ago) and multi-node
+    # profiles span two nodes at least, so each has the evidence its flag needs at start.
     must = sorted(sick, key=lambda q: random.Random(f"{seed}/{q.name}").random()) if len(nodes) >= 12 else []
 
     def nodes_for(q: Profile) -> int:
-        n = max(1, -(-q.min_gpus // gpus_per_node))
-        return n if q.multi_node and n >= 2 else 1
+        return max(2, -(-q.min_gpus // gpus_per_node)) if q.multi_node else 1
 
     i = 0
     while i < len(nodes):
-        if must and len(nodes) - i <= sum(nodes_for(q) for q in must):
+        covering = bool(must) and len(nodes) - i <= sum(nodes_for(q) for q in must)
+        if covering:
             p = must.pop()
         else:
-            p = rng.choice(healthy) if rng.random() < 0.6 else (must.pop() if must else rng.choice(sick))
-        need_nodes = max(1, -(-p.min_gpus // gpus_per_node))
+            p = rng.choice(healthy) if rng.random() < 0.6 else rng.choice(sick)
+            if must and not p.healthy:
+                p, covering = must.pop(), True
+        need_nodes = nodes_for(p) if covering else max(1, -(-p.min_gpus // gpus_per_node))
         if p.multi_node and need_nodes >= 2 and i + need_nodes <= len(nodes):
             n_nodes = need_nodes
             gpus = [(nodes[i + k], g) for k in range(n_nodes) for g in range(gpus_per_node)]
@@ -610,7 +614,9 @@ def place_jobs(nodes: list[str], gpus_per_node: int, seed: int, start_ts: float)
                     jobs.append(SimJob(f"{jid}", rng.choice(small_healthy), rng.choice(users),
                                        start_ts - rng.uniform(60, 7200), [(node, n), (node, n + 1)]))
         jid += 1
-        jobs.append(SimJob(f"{jid}", p, rng.choice(users), start_ts - rng.uniform(60, 7200), gpus))
+        age = rng.uniform(60, 7200)
+        age = 2700.0 + age % 3600.0 if covering else age
+        jobs.append(SimJob(f"{jid}", p, rng.choice(users), start_ts - age, gpus))
     return jobs
 
 

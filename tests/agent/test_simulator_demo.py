@@ -17,6 +17,13 @@ def test_default_fleet_runs_every_inefficient_profile() -> None:
     sick = {p.name for p in PROFILES.values() if not p.healthy}
     assert sick <= {j.profile.name for j in fleet.jobs}
     assert any(j.profile.healthy for j in fleet.jobs)  # healthy jobs too: false positives show
+    # each inefficient profile has one job old enough for the replayed 40 min to hold its evidence,
+    # multi-node ones on two nodes at least (a straggler node needs peer nodes)
+    for name in sick:
+        best = max((j for j in fleet.jobs if j.profile.name == name), key=lambda j: -j.start_ts)
+        assert fleet.start_ts - best.start_ts >= 2700, name
+        if best.profile.multi_node:
+            assert len(best.nodes) >= 2, name
     used = [g for j in fleet.jobs for g in j.gpus]
     assert len(used) == len(set(used)) and len(used) < 16 * 8  # no GPU twice; some unallocated
 
