@@ -22,10 +22,12 @@ function init(args)
   placeholder = args[4]
   run = args[5] or "0000"
   -- Bodies are dealt out, not replayed: thread t of nthreads takes bodies offset + t,
-  -- offset + t + nthreads, ... so no two requests of one database (threads, warm-up and
-  -- measured run) carry the same rows (the collector stores one sample per (GPU, ts)).
+  -- offset + t + nthreads, ... (from the end backwards when reverse is given: the warm-up,
+  -- so it never meets the measured run, which starts at the front), so no two requests of
+  -- one database carry the same rows (the collector stores one sample per (GPU, ts)).
   offset = tonumber(args[6] or "0")
   nthreads = tonumber(args[7] or "1")
+  reverse = args[8] == "reverse"
   pre, post, whole = {}, {}, {}
   local pos = 1
   while pos <= #data do
@@ -48,6 +50,7 @@ end
 function request()
   i = i + 1
   local k = ((offset + (i - 1) * nthreads + tid - 1) % n) + 1
+  if reverse then k = n + 1 - k end
   if placeholder then
     local key = string.format("%s%02d%010d", run, tid, i)
     return wrk.format("POST", path, headers, pre[k] .. key .. post[k])

@@ -294,15 +294,16 @@ _RUN = 0  # distinct idempotency keys across the wrk runs of one bench
 
 
 def run_wrk(wrk: str, port: int, bodies: Path, path: str, ctype: str, *, conns: int, seconds: float,
-            threads: int, placeholder: str | None, offset: int = 0) -> dict[str, Any]:
-    """``offset``: bodies the database already received (an earlier run against it), so this
-    run deals out the next ones instead of repeating rows."""
+            threads: int, placeholder: str | None, reverse: bool = False) -> dict[str, Any]:
+    """``reverse``: deal the bodies from the end (the warm-up), so that the measured run, dealt
+    from the front, never repeats its rows."""
     args = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:.0f}s", "--timeout", "30s", "-s", str(LUA),
             f"http://127.0.0.1:{port}", "--", str(bodies), path, ctype]
     if placeholder:
         global _RUN
         _RUN += 1
-        args += [placeholder, f"{os.getpid() % 100:02d}{_RUN:02d}", str(offset), str(threads)]
+        args += [placeholder, f"{os.getpid() % 100:02d}{_RUN:02d}", "0", str(threads),
+                 "reverse" if reverse else "forward"]
     out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
     for line in out.stdout.splitlines():
         if line.startswith("WRKJSON "):
@@ -333,16 +334,16 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
     with collector(url, workers, tmp) as (port, sid):
         log(f"{name}: warm-up")
         warm = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
-                       seconds=args.warmup, threads=args.wrk_threads, placeholder=PLACEHOLDER)
+                       seconds=args.warmup, threads=args.wrk_threads, placeholder=PLACEHOLDER, reverse=True)
         before = count_rows(url)
         log(f"{name}: measuring {args.duration:.0f} s with {args.nodes} connections")
         cpu0, pg0 = session_cpu_s(sid), session_cpu_s(user="postgres")
         w = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
-                    seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER,
-                    # past the warm-up's bodies, the ones still in flight when it stopped included
-                    offset=int(warm["requests"]) + 2 * args.nodes)
+                    seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER)
         elapsed = w["duration_us"] / 1e6
-        sent = int(warm["requests"]) + 2 * args.nodes + int(w["requests"])
+        # requests in flight when a run stopped, and threads running unevenly, use bodies
+        # beyond the completed count: a margin of both
+        sent = int((int(warm["requests"]) + int(w["requests"])) * 1.2) + 2 * args.nodes
         if sent > len(tpl.batches):
             raise RuntimeError(f"{name}: {sent} requests but only {len(tpl.batches)} distinct bodies, so rows "
                                f"repeated (stored once): raise --windows to at least "
@@ -636,7 +637,7 @@ def main() -> int:
     ap.add_argument("--wrk-threads", type=int, default=2)
     ap.add_argument("--windows", type=int, default=None,
                     help="10-second windows per node: bodies for nodes x windows requests, each request its own rows "
-                         "(default 48, quick 24: more than a run sends)")
+                         "(default 64, quick 32: more than a run sends)")
     ap.add_argument("--query-hours", type=float, default=None, help="query window (default 24, quick 2)")
     ap.add_argument("--query-gpus", type=int, default=64)
     ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
@@ -647,7 +648,7 @@ def main() -> int:
     args = ap.parse_args()
     args.duration = args.duration or (10.0 if args.quick else 30.0)
     args.warmup = args.warmup or (3.0 if args.quick else 5.0)
-    args.windows = args.windows or (24 if args.quick else 48)
+    args.windows = args.windows or (32 if args.quick else 64)
     args.query_hours = args.query_hours or (2.0 if args.quick else 24.0)
 
     tools = locate_tools()
