@@ -486,8 +486,11 @@
       severity: (a, b) => (SEV[a.severity] ?? 9) - (SEV[b.severity] ?? 9) || (b.wasted_gpu_hours || 0) - (a.wasted_gpu_hours || 0) };
     // One line of evidence: the first three numbers the registry labels, with their units.
     // A key the registry does not label reads as words ("idle fraction"), never as snake_case.
+    // Lists of plain values are folded ("74, 79 +2"); nested objects stay on the job page.
+    const fold = (v) => (Array.isArray(v) ? `${v.slice(0, 2).join(", ")}${v.length > 2 ? ` +${v.length - 2}` : ""}` : v);
+    const plain = (v) => v !== null && v !== undefined && (typeof v !== "object" || (Array.isArray(v) && v.length > 0 && v.every((e) => typeof e !== "object")));
     const evLine = (x) => Object.entries(x.evidence || {})
-      .filter(([, v]) => v !== null && v !== undefined && typeof v !== "object")
+      .filter(([, v]) => plain(v)).map(([k, v]) => [k, fold(v)])
       .map(([k, v]) => [evSpec(x.kind, k), k, v]).sort(([a], [b]) => (b ? 1 : 0) - (a ? 1 : 0)).slice(0, 3)
       .map(([spec, k, v]) => `${spec ? spec.label : k.replace(/_/g, " ")} ${evValue(spec, v)}`).join(" · ") || dash;
     const out = h("div");

@@ -27,6 +27,8 @@ def test_flags_show_severity_and_evidence_in_words(web: tuple[Page, Seeded], sql
     with e.begin() as c:  # registry keys, as the idle detector writes them
         c.execute(update(Flag).where(Flag.kind == "idle_gpu").values(
             evidence={"sm_active_max": 0.02, "idle_gpus": 2, "flagged_minutes": 118}))
+        c.execute(update(Flag).where(Flag.kind == "throttled").values(  # a long list folds
+            evidence={"gpu_uuids": ["GPU-a", "GPU-b", "GPU-c", "GPU-d"], "detail": {"nested": 1}}))
     e.dispose()
     pg = p.open("/flags?open=")
     api = pg.context.request.get(p.base + "/api/v1/flags?limit=200").json()["data"]
@@ -37,6 +39,8 @@ def test_flags_show_severity_and_evidence_in_words(web: tuple[Page, Seeded], sql
     idle = next(line for line, f in zip(evidence, api, strict=True) if f["kind"] == "idle_gpu")
     assert "max SM activity 2.0%" in idle  # the registry's label, the ratio as a percentage
     assert all("_" not in line for line in evidence), evidence  # unlabelled keys read as words too
+    throttled = next(line for line, f in zip(evidence, api, strict=True) if f["kind"] == "throttled")
+    assert throttled == "gpu uuids GPU-a, GPU-b +2"  # folded; the nested object is left to the job page
     p.shot("flags")
     assert p.errors == []
 
