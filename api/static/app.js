@@ -207,7 +207,7 @@
           const tip = [`${node.name} GPU ${g.index}`, g.model, c ? `SM ${pct(c.sm_active)} · tensor ${pct(c.tensor_active)} · ${num(c.power_w, 0)} W` : "no data in 5 min",
             g.job ? `job ${g.job.job_id} (${g.job.user ?? "?"})${g.job.name ? ` ${g.job.name}` : ""}` : "not allocated"].filter(Boolean).join("\n");
           return h("a", { class: `cell${g.job ? "" : " free"}`, href: g.job ? jobHref(g.job.cluster, g.job.job_id) : nodeHref(node.cluster, node.name),
-            title: tip, "data-gpu": g.uuid, "data-sm": c && c.sm_active !== null ? c.sm_active : "", style: { background: heat(c ? c.sm_active : null) } });
+            title: tip, "data-gpu": g.uuid, "data-sm": c && c.sm_active !== null ? c.sm_active : "", style: { background: g.job || (c && c.sm_active > 0.05) ? heat(c ? c.sm_active : null) : "transparent" } });  // no job, no work: not "idle red"
         });
         frag.append(h("div", { class: `node${node.stale ? " stale" : ""}` },
           h("a", { class: "nn", href: nodeHref(node.cluster, node.name), title: node.name }, node.name),

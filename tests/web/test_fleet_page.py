@@ -57,15 +57,19 @@ def test_waste_reads_with_denominator_and_cost(priced: tuple[Page, Seeded]) -> N
 
 
 def test_top_lists_have_no_zero_rows_and_free_gpus_are_not_red(priced: tuple[Page, Seeded], sqlite_url: str) -> None:
-    from sqlalchemy import update
+    from sqlalchemy import select, update
 
     from gpufleet.storage.db import make_engine
-    from gpufleet.storage.models import JobReport
+    from gpufleet.storage.models import Allocation, Gpu, JobReport
 
     p, s0 = priced
     e = make_engine(sqlite_url)
     with e.begin() as c:  # the healthy job wasted nothing: a row a padded list would show as 0.0
         c.execute(update(JobReport).where(JobReport.job_pk == s0.jobs["1001"]["pk"]).values(wasted_gpu_hours=0.0))
+        # a busy GPU whose allocation is gone (attribution lost): activity without a job is news,
+        # so it keeps its heat colour; only a free GPU doing nothing is drawn empty
+        busy_pk = c.execute(select(Gpu.id).where(Gpu.uuid == s0.gpu_uuids["node-a"][0])).scalar_one()
+        c.execute(update(Allocation).where(Allocation.gpu_pk == busy_pk).values(end_ts=s0.start + 60))
     e.dispose()
     pg = p.open("/")
     s = pg.context.request.get(p.base + "/api/v1/fleet/summary?window=24h").json()
@@ -76,9 +80,11 @@ def test_top_lists_have_no_zero_rows_and_free_gpus_are_not_red(priced: tuple[Pag
     shown = rows.all_inner_texts()
     for job_id in zero_jobs:
         assert not any(r.startswith(job_id + "\t") for r in shown), (job_id, shown)
-    free = pg.locator("#gpu-grid .cell.free")
-    assert free.count() == 1  # the ended job's GPU
-    assert free.evaluate("el => getComputedStyle(el).backgroundColor") == "rgba(0, 0, 0, 0)"
+    idle_free = pg.locator(f"#gpu-grid .cell.free[data-gpu='{s0.gpu_uuids['node-b'][2]}']")  # the ended job's
+    assert idle_free.evaluate("el => getComputedStyle(el).backgroundColor") == "rgba(0, 0, 0, 0)"
+    busy_free = pg.locator(f"#gpu-grid .cell.free[data-gpu='{s0.gpu_uuids['node-a'][0]}']")
+    assert busy_free.evaluate("el => getComputedStyle(el).backgroundColor") != "rgba(0, 0, 0, 0)"
+    assert pg.locator("#gpu-grid .cell.free").count() == 2
     busy = pg.locator("#gpu-grid .cell:not(.free)").first
     assert busy.evaluate("el => getComputedStyle(el).backgroundColor") != "rgba(0, 0, 0, 0)"
 
