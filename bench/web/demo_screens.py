@@ -66,6 +66,8 @@ def main() -> int:
                     page.wait_for_function("() => window.__gpufleet && window.__gpufleet.ready === true")
                     page.screenshot(path=str(OUT / f"demo-{name}.png"), full_page=True)
                 flags = httpx.get(base + "/api/v1/flags", params={"open": "true", "limit": 500}).json()["data"]
+                summary = httpx.get(base + "/api/v1/fleet/summary").json()
+                print("GPUs allocated:", summary["gpus_allocated"], "of", summary["gpus"])
                 straggler = next((f for f in flags if f["kind"] == "straggler"), flags[0])
                 page.goto(f"{base}/jobs/{straggler['job_id']}?cluster={straggler['cluster']}")
                 page.wait_for_function("() => window.__gpufleet && window.__gpufleet.ready === true")

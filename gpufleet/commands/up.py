@@ -91,6 +91,8 @@ class _Background:
         from gpufleet.api.web import ReplayProgress
 
         self.replay = ReplayProgress()  # the page's "replaying history: N%" (api/web.py)
+        self.agents: list[Any] = []
+        self.agents_started = threading.Event()
 
     def start_agents(self) -> None:
         from gpufleet.agent.runner import Agent, AgentConfig
@@ -104,6 +106,7 @@ class _Background:
                 spool_dir=self.data_dir / "spool" / node,
             )
             agent = Agent(cfg, source)
+            self.agents.append(agent)
             if not self.threads:  # one progress relay per host, on the first agent (docs/progress.md)
                 from gpufleet.agent.progress_relay import attach
 
@@ -115,6 +118,7 @@ class _Background:
             t = threading.Thread(target=self._run_agent, args=(agent, history), name=f"agent-{node}", daemon=True)
             t.start()
             self.threads.append(t)
+        self.agents_started.set()  # every agent's replay is planned: the progress is complete
 
     def _run_agent(self, agent: Any, history_minutes: float) -> None:
         """Replay the simulated past through the agent's own batching and spool (its sender
@@ -152,7 +156,10 @@ class _Background:
         path = settings.analysis.thresholds
         thresholds = load_thresholds(str(path) if path else None)
         cache = StateCache(max_bytes=int(settings.analysis.cache_mb * 2**20))
-        # First pass soon after start so the page shows flags within a minute.
+        # First pass soon after start so the page shows flags within a minute, but not before
+        # the replayed past is stored: a job whose newest stored sample is still in the replayed
+        # past looks stale, and the pass would close it and its allocations (close_stale_jobs).
+        self._wait_for_replay(deadline_s=300.0)
         wait = min(20.0, every)
         while not self.stop.wait(wait):
             try:
@@ -162,6 +169,16 @@ class _Background:
             except Exception:
                 log.exception("analysis pass failed; retrying next interval")
             wait = every
+
+    def _wait_for_replay(self, deadline_s: float) -> None:
+        """Until the agents have started, replayed their history and sent their spools (at most
+        ``deadline_s``: a collector that refuses batches must not hold the analysis back)."""
+        end = time.monotonic() + deadline_s
+        while not self.stop.is_set() and time.monotonic() < end:
+            if (self.agents_started.is_set() and not self.replay.as_json()["active"]
+                    and all(len(a.spool) == 0 for a in self.agents)):
+                return
+            self.stop.wait(0.5)
 
     def shutdown(self) -> None:
         self.stop.set()
