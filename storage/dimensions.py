@@ -12,6 +12,7 @@ from sqlalchemy import Connection, and_, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
+from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.errors import WriteRefused
 from gpufleet.storage.models import Cluster, Gpu, Job, Node
 from gpufleet.storage.prepared import Prepared
@@ -20,7 +21,7 @@ from gpufleet.storage.write_cache import GPU_MOVE_AFTER_S, GPU_SEEN_EVERY_S, NOD
 
 def insert_for(conn: Connection, table: Any) -> Any:
     """The dialect's INSERT (with ``on_conflict_do_*``) for ``table``."""
-    mod = pg_dialect if conn.dialect.name == "postgresql" else sqlite_dialect
+    mod = pg_dialect if is_postgres(conn) else sqlite_dialect
     return mod.insert(table)
 
 

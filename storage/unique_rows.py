@@ -19,6 +19,7 @@ import msgspec
 import numpy as np
 from sqlalchemy import Connection
 
+from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.rollups import BUCKET_S
 
 
@@ -54,7 +55,7 @@ def _overlapping(conn: Connection, gpus: list[int], buckets: list[float], first_
                  ) -> list[tuple[int, float]]:
     """(gpu_pk, bucket) of the GPU-minutes whose stored rollup row's last_ts is not before the
     new rows' first ts there: the only ones that can hold a copy."""
-    if conn.dialect.name == "postgresql":
+    if is_postgres(conn):
         q = ("SELECT r.gpu_pk, r.bucket FROM unnest(%s::int4[], %s::float8[], %s::float8[]) AS k(g, b, t) "
              "JOIN gpu_samples_1m r ON r.gpu_pk = k.g AND r.bucket = k.b WHERE k.t <= r.last_ts")
         return [(g, b) for g, b in conn.exec_driver_sql(q, (gpus, buckets, first_ts)).all()]
@@ -66,7 +67,7 @@ def _overlapping(conn: Connection, gpus: list[int], buckets: list[float], first_
 
 
 def _raw_keys(conn: Connection, gpus: list[int], lo: float, hi: float) -> set[tuple[int, float]]:
-    if conn.dialect.name == "postgresql":
+    if is_postgres(conn):
         q = "SELECT gpu_pk, ts FROM gpu_samples WHERE ts >= %s AND ts < %s AND gpu_pk = ANY(%s::int4[])"
         rows = conn.exec_driver_sql(q, (lo, hi, gpus)).all()
     else:

@@ -28,6 +28,7 @@ from sqlalchemy import Connection
 
 from gpufleet.storage import retention
 from gpufleet.storage.collectives import write_fabric
+from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.dimensions import cluster_ids, gpu_ids, job_ids, mark_nodes_seen, node_ids, referenced_jobs
 from gpufleet.storage.events import write_events
 from gpufleet.storage.fields import NF
@@ -115,7 +116,7 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
         ts, gpu_pk, job_pk, vals = ts[keep], gpu_pk[keep], job_pk[keep], vals[:, keep]
         gpu_order = np.lexsort((ts, gpu_pk))
     if len(ts):
-        if conn.dialect.name == "postgresql":
+        if is_postgres(conn):
             retention.ensure_partitions_in(conn, retention.days_of(ts))
         insert_samples(conn, ts, gpu_pk, job_pk, vals)
     # Rows by (GPU, time) (gpu_order): the GPU rollup and the allocation runs both walk it.
