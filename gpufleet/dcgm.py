@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from gpufleet.catalog import CATALOG, Field
 from gpufleet.protocol import JobInfo
@@ -80,7 +81,7 @@ def job_from_labels(labels: Mapping[str, str]) -> JobInfo | None:
     hpc = labels.get("hpc_job", "").strip()
     if explicit or hpc:
         pod = _pod(labels)
-        source = "kubernetes" if explicit and pod is not None and not hpc else "slurm"
+        source: Literal["kubernetes", "slurm"] = "kubernetes" if explicit and pod is not None and not hpc else "slurm"
         return JobInfo(job_id=explicit or hpc, source=source, user=user)
     pod = _pod(labels)
     if pod is None:

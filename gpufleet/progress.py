@@ -330,7 +330,7 @@ class _HttpSink(_Sink):
                                               **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
-                return 200 <= r.status < 300
+                return bool(200 <= r.status < 300)  # urlopen's result is untyped (Any)
         except urllib.error.HTTPError as e:
             return 400 <= e.code < 500 and e.code not in (401, 403, 408, 429)  # permanent: don't retry forever
         except OSError:

@@ -36,7 +36,7 @@ def hist_bucket(seconds: float) -> int:
 
 def hist_value(bucket: int) -> float:
     """The bucket's geometric middle, in seconds."""
-    return HIST_BASE ** (bucket + 0.5)
+    return float(HIST_BASE ** (bucket + 0.5))  # float ** float is typed Any (it may be complex)
 
 
 def hist_quantile(hist: dict[int, int], q: float) -> float | None:
