@@ -88,4 +88,6 @@ def test_up_serves_fleet_and_stops_cleanly(tmp_path: Path) -> None:
             pytest.fail(f"gpufleet up did not stop within 30 s after Ctrl-C:\n{out[-4000:]}")
     assert proc.returncode == 0, out[-4000:]
     assert f"http://localhost:{port}/" in out
+    # up runs the training-progress relay on its first agent and says where its socket is
+    assert "training progress: GPUFLEET_PROGRESS=" in out, out[-4000:]
     assert "Traceback" not in out, out[-4000:]

@@ -107,7 +107,7 @@ class _Background:
             )
             agent = Agent(cfg, source)
             self.agents.append(agent)
-            if not self.threads:  # one progress relay per host, on the first agent (docs/progress.md)
+            if len(self.agents) == 1:  # one progress relay per host, on the first agent (docs/progress.md)
                 from gpufleet.agent.progress_relay import attach
 
                 relay = attach(agent)
