@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -67,17 +67,20 @@ def prepare(batch: Batch) -> Prepared:
         if len(col) != n:
             raise reject("samples", f"{len(col)} values, expected {n} (as many as samples.ts)", field=name)
     ts = _numeric("ts", s["ts"], allow_none=False)
-    gpu = s["gpu"]
-    if set(map(type, gpu)) - {str}:
-        i = _first_bad(gpu, {str})
-        raise reject("samples", f"expected a GPU uuid string, got {type(gpu[i]).__name__}", field="gpu", row=i)
-    job = s.get("job")
-    if job is None:
-        job = [None] * n
-    elif set(map(type, job)) - {str, type(None)}:
-        i = _first_bad(job, {str, type(None)})
-        raise reject("samples", f"expected a job id string or null, got {type(job[i]).__name__}", field="job",
+    gpu_col = s["gpu"]
+    if set(map(type, gpu_col)) - {str}:
+        i = _first_bad(gpu_col, {str})
+        raise reject("samples", f"expected a GPU uuid string, got {type(gpu_col[i]).__name__}", field="gpu", row=i)
+    gpu = cast("list[str]", gpu_col)  # every entry checked to be a str just above
+    job_col = s.get("job")
+    if job_col is None:
+        job: list[str | None] = [None] * n
+    elif set(map(type, job_col)) - {str, type(None)}:
+        i = _first_bad(job_col, {str, type(None)})
+        raise reject("samples", f"expected a job id string or null, got {type(job_col[i]).__name__}", field="job",
                      row=i)
+    else:
+        job = cast("list[str | None]", job_col)  # every entry checked to be a str or None just above
     vals = np.full((NF, n), np.nan)
     present = [(FIELD_INDEX[name], name) for name in s if name in FIELD_INDEX]
     if present and n and _fast_fields(s, present, vals):

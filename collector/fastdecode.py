@@ -9,7 +9,8 @@ index extremes computed here by numpy."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -18,7 +19,8 @@ from gpufleet import protocol
 from gpufleet.collector.columns import FieldBounds, field_bounds, field_bounds_ok, prepare_typed, repeated_row
 from gpufleet.collector.errors import BatchRejected
 from gpufleet.collector.validate import check_gpus, check_jobs
-from gpufleet.protocol import Allocation, Batch, Event, GpuInfo, JobInfo, Packed
+from gpufleet.protocol import (Allocation, Batch, CollectiveAgg, Event, GpuInfo, GpuNic, JobInfo, NicSample, Packed,
+                               ProgressWindow)
 from gpufleet.storage.fields import FIELD_INDEX, NF
 from gpufleet.storage.prepared import Prepared
 
@@ -32,6 +34,21 @@ class _Batch(msgspec.Struct, forbid_unknown_fields=True):
     samples: dict[str, msgspec.Raw] = {}
     events: list[Event] = []
     packed: Packed | None = None
+    # The optional sections, decoded with the protocol's own structs (so the progress bounds in
+    # their annotations are the same check here); their value checks (check_fabric) run in
+    # check_batch on both paths, never here.
+    progress: list[ProgressWindow] = []
+    collectives: list[CollectiveAgg] = []
+    nics: list[NicSample] = []
+    gpu_nics: list[GpuNic] = []
+
+
+def _batch(b: _Batch, gpus: list[GpuInfo], jobs: list[JobInfo]) -> Batch:
+    """The protocol Batch the fast path hands on: every section but the samples (which
+    travel as Prepared arrays), so storage.writes.SECTION_WRITERS see them."""
+    return Batch(agent=b.agent, v=b.v, gpus=gpus, jobs=jobs, allocations=b.allocations, samples={},
+                 events=b.events, progress=b.progress, collectives=b.collectives, nics=b.nics,
+                 gpu_nics=b.gpu_nics)
 
 
 # A msgpack array of float64 values only (what msgspec and the agent write for float
@@ -60,7 +77,12 @@ def _f64_payload(col: msgspec.Raw) -> tuple[int, memoryview] | None:
     return n, raw[head:]
 
 
-class _DimCache:
+_T = TypeVar("_T")
+# msgspec's two decoders share ``decode(buf) -> T``; which one a call gets depends on the body's format.
+_Decoder = msgspec.msgpack.Decoder[_T] | msgspec.json.Decoder[_T]
+
+
+class _DimCache(Generic[_T]):
     """Decoded and checked ``gpus`` / ``jobs`` lists by their encoded bytes: an agent sends
     the same lists in every batch, and checking 8 GPUs' strings costs more than the rest of a
     packed batch's decode. Bounded: cleared when full (a miss only costs the check). A plain
@@ -68,13 +90,14 @@ class _DimCache:
     path, and an LRU lookup (~0.4 us, a linked-list update per hit) measured 2x the dict's
     total here, for an eviction order that does not matter (agents' lists are few and steady)."""
 
-    def __init__(self, item: type, check: Any, limit: int = 50_000) -> None:
-        self.dec = {"msgpack": msgspec.msgpack.Decoder(list[item]), "json": msgspec.json.Decoder(list[item])}
+    def __init__(self, items: type[list[_T]], check: Callable[[list[_T]], None], limit: int = 50_000) -> None:
+        self.dec: dict[str, _Decoder[list[_T]]] = {"msgpack": msgspec.msgpack.Decoder(items),
+                                                    "json": msgspec.json.Decoder(items)}
         self.check = check
         self.limit = limit
-        self.cache: dict[tuple[str, bytes], list[Any]] = {}
+        self.cache: dict[tuple[str, bytes], list[_T]] = {}
 
-    def get(self, raw: msgspec.Raw, fmt: str) -> list[Any] | None:
+    def get(self, raw: msgspec.Raw, fmt: str) -> list[_T] | None:
         """The list, or None when it does not decode or breaks a limit (the generic path then
         names the problem)."""
         if not raw:
@@ -91,21 +114,21 @@ class _DimCache:
         if len(self.cache) >= self.limit:
             self.cache.clear()
         self.cache[key] = items
-        return items  # type: ignore[no-any-return]
+        return items
 
 
-_gpus = _DimCache(GpuInfo, check_gpus)
-_jobs = _DimCache(JobInfo, check_jobs)
+_gpus = _DimCache(list[GpuInfo], check_gpus)
+_jobs = _DimCache(list[JobInfo], check_jobs)
 
 _TYPES = {"ts": list[float], "gpu": list[str], "job": list[str | None], "val": list[float | None]}
-_decoders = {
+_decoders: dict[str, tuple[_Decoder[_Batch], dict[str, _Decoder[Any]]]] = {
     "msgpack": (msgspec.msgpack.Decoder(_Batch), {k: msgspec.msgpack.Decoder(t) for k, t in _TYPES.items()}),
     "json": (msgspec.json.Decoder(_Batch), {k: msgspec.json.Decoder(t) for k, t in _TYPES.items()}),
 }
 
 
 def _numpy_columns(fast: list[tuple[str, msgspec.Raw, int, memoryview]], decoded: dict[str, Any],
-                   cols: dict[str, msgspec.msgpack.Decoder]) -> None:
+                   cols: dict[str, _Decoder[Any]]) -> None:
     """Number columns straight to numpy (no Python float per value) when every element is a
     msgpack float64 (type byte 0xcb, what msgspec and the agent write for floats) or every
     element a positive fixint; any other column (nulls, larger ints, float32) goes through
@@ -128,7 +151,7 @@ def _numpy_columns(fast: list[tuple[str, msgspec.Raw, int, memoryview]], decoded
         # Integer fields (counters, bitmasks) are usually small: n bytes all below 0x80 are
         # n positive fixints (any other msgpack element starts with a byte >= 0x80).
         b = np.frombuffer(b"".join([f[3] for f in small]), dtype=np.uint8).reshape(len(small), n)
-        ok = (b < 0x80).all(axis=1).tolist()
+        ok = cast("list[bool]", (b < 0x80).all(axis=1).tolist())  # all(axis=1) of a 2-D array: 1-D, a list
         mat = b.astype(np.float64)
         for r, (name, raw, _, _) in enumerate(small):
             decoded[name] = mat[r] if ok[r] else cols["ts" if name == "ts" else "val"].decode(raw)
@@ -177,9 +200,7 @@ def decode_prepared(body: bytes, content_type: str | None) -> Prepared | None:
             _numpy_columns(fast, decoded, cols)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None  # the generic decode names it (deep nesting included)
-    batch = Batch(agent=b.agent, v=b.v, gpus=gpus, jobs=jobs, allocations=b.allocations, samples={},
-                  events=b.events)
-    return prepare_typed(batch, decoded)
+    return prepare_typed(_batch(b, gpus, jobs), decoded)
 
 
 # A dict for the same reason as _DimCache (one lookup per request); bounded by not adding.
@@ -192,7 +213,7 @@ def _field_arrays(fields: list[str]) -> tuple[np.ndarray, FieldBounds] | None:
     key = tuple(fields)
     hit = _FIELD_ARRAYS.get(key, False)
     if hit is not False:
-        return hit  # type: ignore[return-value]
+        return hit  # type: ignore[return-value]  # not the False default: a cached entry (arrays or None)
     idx = [FIELD_INDEX.get(f, -1) for f in fields]
     out = None
     if -1 not in idx and len(set(idx)) == len(idx):
@@ -238,6 +259,4 @@ def _from_packed(b: _Batch, p: Packed, gpus_info: list[GpuInfo], jobs_info: list
         job = [table[i] for i in ji.tolist()]
     else:
         job = [None] * n
-    batch = Batch(agent=b.agent, v=b.v, gpus=gpus_info, jobs=jobs_info, allocations=b.allocations, samples={},
-                  events=b.events)
-    return Prepared(batch, ts, gpu, job, vals, tuple(p.fields))
+    return Prepared(_batch(b, gpus_info, jobs_info), ts, gpu, job, vals, tuple(p.fields))

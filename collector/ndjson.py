@@ -103,7 +103,8 @@ def _read_line(reader: IO[bytes], limit: int) -> bytes:
 def _lines(path: str, encoding: str, max_bytes: int | None, digest: Any = None) -> Iterator[tuple[int, bytes]]:
     total = 0
     with _open(path, encoding) as raw:
-        reader = io.BufferedReader(raw, 1 << 20) if not isinstance(raw, io.BufferedReader) else raw  # type: ignore[arg-type]
+        # typeshed wants a RawIOBase under BufferedReader; any binary stream with read() works
+        reader = io.BufferedReader(raw, 1 << 20) if not isinstance(raw, io.BufferedReader) else raw  # type: ignore[type-var]
         no = 0
         while line := _read_line(reader, MAX_LINE):
             no += 1

@@ -34,7 +34,7 @@ class Field:
     dcgm_scale: float = 1.0
     nvml: str = ""
 
-    def check(self, value: float) -> str | None:
+    def check(self, value: object) -> str | None:
         """Return why ``value`` is invalid for this field, or None when it is valid."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"{self.name}: expected a number, got {type(value).__name__}"

@@ -39,7 +39,7 @@ def test_check_rejects_out_of_range_and_non_finite() -> None:
     assert f.check(0.5) is None
     assert "outside valid range" in (f.check(1.5) or "")
     assert "not a finite" in (f.check(float("nan")) or "")
-    assert "expected a number" in (f.check("0.5") or "")  # type: ignore[arg-type]
+    assert "expected a number" in (f.check("0.5") or "")
     assert "expected a number" in (f.check(True) or "")
 
 
