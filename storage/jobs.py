@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from sqlalchemy import Connection, and_, bindparam, case, literal_column, select, update
+from sqlalchemy import BindParameter, Connection, and_, bindparam, case, literal_column, select, update
 
 from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.dimensions import insert_for
@@ -38,7 +38,8 @@ def touch_jobs(conn: Connection, job_pk: np.ndarray, ts: np.ndarray, cache: Writ
     if not todo:
         return
     jt = Job.__table__
-    lo_p, hi_p = bindparam("lo"), bindparam("hi")
+    lo_p: BindParameter[float] = bindparam("lo")
+    hi_p: BindParameter[float] = bindparam("hi")
     reopen = and_(jt.c.end_ts.is_not(None), hi_p > jt.c.end_ts)
     conn.execute(
         update(jt).where(jt.c.id == bindparam("pk")).values(

@@ -81,9 +81,12 @@ def _create(engine: Engine, name: str, role: str, cluster: str | None, source: s
     now = time.time() if now is None else now
     raw = SESSION_PREFIX + secrets.token_urlsafe(32)
     with engine.begin() as c:
-        sid = c.execute(insert(W).values(session_hash=_hash(raw), name=name, role=role, cluster=cluster, source=source,
-                                         token_id=token_id, created_at=now, expires_at=now + ttl_s)
-                        ).inserted_primary_key[0]
+        pk = c.execute(insert(W).values(session_hash=_hash(raw), name=name, role=role, cluster=cluster, source=source,
+                                        token_id=token_id, created_at=now, expires_at=now + ttl_s)
+                       ).inserted_primary_key
+        if pk is None:  # a single-row INSERT always has one; SQLAlchemy types it Optional (executemany has none)
+            raise RuntimeError("the session INSERT returned no primary key")
+        sid = pk[0]
     return raw, Session(int(sid), name, role, cluster, source, now + ttl_s)
 
 

@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine, insert, select, update
 
@@ -78,7 +79,7 @@ def create_token(engine: Engine, name: str, role: str, cluster: str | None = Non
     return raw
 
 
-def list_tokens(engine: Engine) -> list[dict]:
+def list_tokens(engine: Engine) -> list[dict[str, Any]]:
     with engine.connect() as c:
         rows = c.execute(select(ApiToken.name, ApiToken.role, ApiToken.cluster, ApiToken.node,
                                 ApiToken.created_at, ApiToken.revoked_at).order_by(ApiToken.name)).all()
