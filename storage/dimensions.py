@@ -74,7 +74,7 @@ def _upsert_gpus(conn: Connection, per_node: dict[int, dict[str, Any]], now: flo
     for r in todo:
         e = existing.get(r["uuid"])
         moved = e is not None and e.node_id != r["node_id"]
-        if moved and e.last_seen is not None and now - e.last_seen < GPU_MOVE_AFTER_S:
+        if e is not None and moved and e.last_seen is not None and now - e.last_seen < GPU_MOVE_AFTER_S:
             raise WriteRefused("conflict", f"uuid {r['uuid']!r} is being reported by node {e.name!r}",
                                index=batch_of_node.get(r["node_id"]), part="gpus")
     ins = insert_for(conn, t)
@@ -109,7 +109,7 @@ def job_ids(conn: Connection, jobs: dict[tuple[int, str], Any], cache: WriteCach
     """Upsert jobs (described by JobInfo, or bare when only referenced by samples)."""
     t = Job.__table__
     out: dict[tuple[int, str], int] = {}
-    todo: list[dict[str, Any]] = []
+    todo: list[tuple[dict[str, Any], tuple[Any, ...]]] = []  # (row, the JobInfo's attributes; () when bare)
     for key, info in jobs.items():
         if info is None:
             attrs: tuple[Any, ...] = ()
@@ -127,14 +127,14 @@ def job_ids(conn: Connection, jobs: dict[tuple[int, str], Any], cache: WriteCach
             row.update(dict.fromkeys(_JOB_ATTRS), source="unknown")
         else:
             row.update(zip(_JOB_ATTRS, (*attrs[:-1], dict(info.labels) or None), strict=True))
-        todo.append((row, attrs))  # type: ignore[arg-type]
+        todo.append((row, attrs))
     if not todo:
         return out
-    todo.sort(key=lambda ra: (ra[0]["cluster_id"], ra[0]["job_id"]))  # type: ignore[index]
+    todo.sort(key=lambda ra: (ra[0]["cluster_id"], ra[0]["job_id"]))
     ins = insert_for(conn, t)
     # A described job overwrites a bare one's attributes; a bare reference changes nothing.
-    described = [r for r, a in todo if a]  # type: ignore[misc]
-    bare = [r for r, a in todo if not a]  # type: ignore[misc]
+    described = [r for r, a in todo if a]
+    bare = [r for r, a in todo if not a]
     if described:
         start = case((and_(t.c.start_ts.is_not(None), t.c.start_ts < ins.excluded.start_ts), t.c.start_ts),
                      else_=ins.excluded.start_ts)
@@ -144,11 +144,11 @@ def job_ids(conn: Connection, jobs: dict[tuple[int, str], Any], cache: WriteCach
                   "start_ts": case((ins.excluded.start_ts.is_(None), t.c.start_ts), else_=start)}), described)
     if bare:
         conn.execute(ins.on_conflict_do_nothing(index_elements=["cluster_id", "job_id"]), bare)
-    for cid in sorted({r["cluster_id"] for r, _ in todo}):  # type: ignore[index]
-        names = [r["job_id"] for r, _ in todo if r["cluster_id"] == cid]  # type: ignore[index]
+    for cid in sorted({r["cluster_id"] for r, _ in todo}):
+        names = [r["job_id"] for r, _ in todo if r["cluster_id"] == cid]
         for pk, jid in conn.execute(select(t.c.id, t.c.job_id).where(t.c.cluster_id == cid, t.c.job_id.in_(names))):
             out[(cid, jid)] = pk
-    for r, a in todo:  # type: ignore[misc]
+    for r, a in todo:
         key = (r["cluster_id"], r["job_id"])
         if a or key not in cache.jobs:
             cache.jobs[key] = (out[key], a)
