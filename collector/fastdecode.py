@@ -19,8 +19,18 @@ from gpufleet import protocol
 from gpufleet.collector.columns import FieldBounds, field_bounds, field_bounds_ok, prepare_typed, repeated_row
 from gpufleet.collector.errors import BatchRejected
 from gpufleet.collector.validate import check_gpus, check_jobs
-from gpufleet.protocol import (Allocation, Batch, CollectiveAgg, Event, GpuInfo, GpuNic, JobInfo, NicSample, Packed,
-                               ProgressWindow)
+from gpufleet.protocol import (
+    Allocation,
+    Batch,
+    CollectiveAgg,
+    Event,
+    GpuInfo,
+    GpuNic,
+    JobInfo,
+    NicSample,
+    Packed,
+    ProgressWindow,
+)
 from gpufleet.storage.fields import FIELD_INDEX, NF
 from gpufleet.storage.prepared import Prepared
 

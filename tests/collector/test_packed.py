@@ -248,3 +248,179 @@ def test_fast_path_checks_accept_exactly_what_check_batch_accepts(path, value, p
     if again:  # the second time the lists come from the cache
         fast = verdict(True)
     assert fast in ("generic", generic), (path, value, fast, generic)
+
+
+# --- the optional sections (progress, collectives, nics, gpu_nics) on the fast path -------
+
+def _sections(b: protocol.Batch, t: float, *, collectives: bool = True) -> dict[str, Any]:
+    """What a real agent adds to a flush: one sample per NIC (8 ports, one rail per GPU), the
+    rails, one progress window per rank of the job and (with the NCCL Inspector) collectives."""
+    gpus = [g.uuid for g in b.gpus]
+    job = b.jobs[0].job_id if b.jobs else "job-1"
+    out: dict[str, Any] = {
+        "nics": [protocol.NicSample(ts=t, nic=f"mlx5_{i}/1", interval_s=10.0, link_layer="InfiniBand",
+                                    state="ACTIVE", rate_gbps=400.0, tx_bytes_s=1.2e10 + i, rx_bytes_s=1.1e10,
+                                    counters={"port_xmit_wait": 2.0e7, "symbol_error": 0.0, "link_downed": 0.0})
+                 for i in range(len(gpus))],
+        "gpu_nics": [protocol.GpuNic(gpu_uuid=u, nic=f"mlx5_{i}/1", mode="pcie") for i, u in enumerate(gpus)],
+        "progress": [protocol.ProgressWindow(
+            job_id=job, rank=r, pid=4000 + r, start=t - 10, end=t, world_size=len(gpus), local_rank=r, gpu=u,
+            host=b.agent.node, steps=21, first_step=10401, last_step=10421, max_step=10421, tokens=86016,
+            samples=84, productive_s=8.9, spans={"data_wait": 1.1}, span_counts={"data_wait": 21},
+            step_time_p50_s=0.42, step_time_p95_s=0.45, step_time_max_s=0.47, step_hist={"-9": 18, "-8": 3},
+            last_step_ts=t - 0.2, since_step_s=0.2, flops_per_step=4.1e15) for r, u in enumerate(gpus)],
+    }
+    if collectives:
+        out["collectives"] = [protocol.CollectiveAgg(
+            ts=t - 10, comm="0x7f8c496ae9f661", rank=r, coll="AllReduce", size_bucket=1 << 28, count=10,
+            bytes=2.68e9, exec_us_p50=3263.0, exec_us_p95=3410.0, exec_us_max=3502.0, busbw_gbs_p50=159.4,
+            job_id=job, n_ranks=32, n_nodes=4, gpu_uuid=u, pid=4000 + r, timing_source="kernel_gpu")
+            for r, u in enumerate(gpus)]
+    return out
+
+
+def _with_sections(b: protocol.Batch, **kw: Any) -> protocol.Batch:
+    return msgspec.structs.replace(b, **_sections(b, b.samples["ts"][-1], **kw))
+
+
+def _no_samples(b: protocol.Batch) -> dict[str, Any]:
+    return msgspec.to_builtins(msgspec.structs.replace(b, samples={}))  # type: ignore[no-any-return]
+
+
+_SECTION_PATHS = [None, ("nics", 0, "ts"), ("nics", 0, "nic"), ("nics", 0, "interval_s"), ("nics", 0, "rate_gbps"),
+                  ("nics", 0, "tx_bytes_s"), ("nics", 0, "counters"), ("nics", 0, "state"), ("nics", 0, "extra"),
+                  ("gpu_nics", 0, "mode"), ("gpu_nics", 0, "nic"), ("gpu_nics", 0, "gpu_uuid"),
+                  ("progress", 0, "start"), ("progress", 0, "steps"), ("progress", 0, "stall_s"),
+                  ("progress", 0, "spans"), ("progress", 0, "events"), ("progress", 0, "job_id"),
+                  ("progress", 0, "rank"), ("progress", 0, "step_hist"), ("collectives", 0, "ts"),
+                  ("collectives", 0, "window_s"), ("collectives", 0, "count"), ("collectives", 0, "exec_us_p50"),
+                  ("collectives", 0, "comm"), ("collectives", 0, "job_id"), ("collectives", 0, "rank"),
+                  ("nics",), ("gpu_nics",), ("progress",), ("collectives",)]
+_section_values = st.one_of(
+    st.none(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=70),
+    st.sampled_from([-1, 0, 1, 0.5, 5.0, 3600.0, 3600.5, 86401.0, 1e7, 4.2e9, "", "x" * 65, "x" * 256, "guess",
+                     "pcie", "numa", {"symbol_error": -1.0}, {"k": math.nan}, {"data_wait": -0.5},
+                     {f"s{i}": 1.0 for i in range(65)}, [{}] * 101, [{}], [], [[]], {"": 1}]),
+)
+
+
+@SETTINGS
+@given(path=st.sampled_from(_SECTION_PATHS), value=_section_values, form=st.sampled_from(["packed", "lists", "none"]),
+       collectives=st.booleans())
+def test_sections_take_the_fast_path_and_are_checked_exactly_as_on_the_generic_path(
+        path, value, form, collectives) -> None:  # type: ignore[no-untyped-def]
+    """A batch carrying the optional sections, valid or not, in each samples form: the fast
+    path accepts exactly what the generic path accepts (and takes every valid one itself),
+    refuses with the same message when it refuses, and hands on the same sections."""
+    from gpufleet.collector.validate import check_batch
+
+    now = time.time()
+    collectives = collectives or (path is not None and path[0] == "collectives")  # omitted when empty
+    b = _with_sections(make_batch("pk-sec", start=now - 60, gpus=2, seconds=3), collectives=collectives)
+    doc = {"packed": _doc, "lists": msgspec.to_builtins, "none": _no_samples}[form](b)
+    if path is not None:
+        target = doc
+        for p in path[:-1]:
+            target = target[p]
+        target[path[-1]] = value
+    try:
+        body = msgspec.msgpack.encode(doc)
+    except (UnicodeEncodeError, OverflowError, TypeError):
+        return
+
+    def verdict(fast: bool) -> tuple[str, str, Any]:
+        try:
+            if fast:
+                prep = decode_prepared(body, protocol.MSGPACK)
+                if prep is None:
+                    return "generic", "", None
+            else:
+                prep = prepare(protocol.decode(body, protocol.MSGPACK))
+            check_batch(prep.batch, prep, now, max_rows=20_000, max_age_s=30 * 86400, max_future_s=300,
+                        dims_checked=fast)
+            return "ok", "", prep
+        except protocol.ProtocolError as e:
+            return "rejected", str(e), None
+        except BatchRejected as e:
+            return "rejected", e.detail, None
+
+    generic, generic_detail, slow = verdict(False)
+    fast, fast_detail, quick = verdict(True)
+    if generic == "ok":
+        assert fast == "ok", (path, value, form, "a valid batch with sections fell back to the generic path")
+        for name in ("progress", "collectives", "nics", "gpu_nics", "events", "allocations", "gpus", "jobs"):
+            assert msgspec.to_builtins(getattr(quick.batch, name)) == msgspec.to_builtins(getattr(slow.batch, name))
+        assert np.array_equal(quick.ts, slow.ts) and np.array_equal(quick.vals, slow.vals, equal_nan=True)
+        assert quick.gpu == slow.gpu and quick.job == slow.job
+    else:
+        assert fast in ("generic", "rejected"), (path, value, form, fast, generic_detail)
+        if fast == "rejected":
+            assert fast_detail == generic_detail, (path, value, form)
+
+
+def test_section_checks_run_once_on_each_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_fabric runs in check_batch, once, whichever decoder produced the batch (the
+    decoders run none of it; the progress bounds are the protocol struct's, run by the decode)."""
+    from gpufleet.collector import validate
+
+    calls: list[str] = []
+    real = validate.check_fabric
+    monkeypatch.setattr(validate, "check_fabric", lambda batch: (calls.append("fabric"), real(batch))[1])
+    now = time.time()
+    body, _ = protocol.encode(_with_sections(make_batch("pk-once", start=now - 60)), compress=None)
+    for fast in (True, False):
+        prep = decode_prepared(body, protocol.MSGPACK) if fast else prepare(protocol.decode(body, protocol.MSGPACK))
+        assert prep is not None and calls == [], "a decoder ran the fabric check"
+        validate.check_batch(prep.batch, prep, now, max_rows=20_000, max_age_s=30 * 86400, max_future_s=300,
+                             dims_checked=fast)
+        assert calls == ["fabric"], (fast, calls)
+        calls.clear()
+
+
+_FK = {"cluster_id": ("clusters", "name"), "node_id": ("nodes", "name"), "gpu_pk": ("gpus", "uuid"),
+       "job_pk": ("jobs", "job_id")}
+_TABLES = ["nodes", "gpus", "jobs", "allocations", "events", "gpu_samples", "gpu_samples_1m", "job_samples_1m",
+           "job_progress", "nic_samples", "gpu_nics", "collective_windows"]
+
+
+def _snapshot(c: Any) -> dict[str, list[str]]:
+    """Every stored row of the tables a batch touches, ids replaced by the names they stand
+    for (PostgreSQL sequences do not roll back), in a stable order."""
+    names = {col: dict(c.execute(text(f"select id, {key} from {table}")).all()) for col, (table, key) in _FK.items()}
+    out = {}
+    for table in _TABLES:
+        rows = []
+        for r in c.execute(text(f"select * from {table}")).mappings():
+            rows.append(repr(sorted((k, names[k].get(v) if k in names else v) for k, v in r.items() if k != "id")))
+        out[table] = sorted(rows)
+    return out
+
+
+def test_agent_batch_with_nics_and_progress_takes_the_fast_path_and_stores_the_same(engine) -> None:  # type: ignore[no-untyped-def]
+    """What an agent sends by default (packed, zstd) with NIC health and a training job's
+    progress windows: decoded by the fast path, and stored row for row as the generic path
+    stores it, on SQLite and PostgreSQL."""
+    from gpufleet.collector.validate import check_batch
+    from gpufleet.storage import retention
+    from gpufleet.storage.writes import write_batches
+
+    now = time.time()
+    b = _with_sections(make_batch("pk-agent", start=now - 60, gpus=8, seconds=10), collectives=False)
+    body, headers = protocol.encode(b)
+    raw = protocol.decompress(body, headers.get("Content-Encoding"), max_size=8 << 20)
+    fast = decode_prepared(raw, headers["Content-Type"])
+    assert fast is not None, "the agent's batch fell back to the generic decoder"
+    slow = prepare(protocol.decode(raw, headers["Content-Type"]))
+    retention.ensure_partitions(engine, retention.days_of(fast.ts))  # committed: each write below rolls back
+    snaps = []
+    for prep, dims in ((fast, True), (slow, False)):
+        check_batch(prep.batch, prep, now, max_rows=20_000, max_age_s=30 * 86400, max_future_s=300, dims_checked=dims)
+        with engine.connect() as c:
+            tx = c.begin()
+            res = write_batches(c, [prep], now)
+            snaps.append((res.stored, _snapshot(c)))
+            tx.rollback()
+    assert snaps[0] == snaps[1]
+    stored, rows = snaps[0]
+    assert stored == 80 and len(rows["gpu_samples"]) == 80
+    assert len(rows["nic_samples"]) == len(rows["gpu_nics"]) == len(rows["job_progress"]) == 8
