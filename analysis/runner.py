@@ -158,7 +158,10 @@ def _read_samples(conn: Connection, job_pk: int, since: float) -> np.ndarray:
     if is_postgres(conn):
         # Binary results: floats arrive as 8 bytes, not text to parse (2-3x faster); never
         # server-prepared (psycopg's auto-prepare ends in DEALLOCATE ALL after a rollback).
-        with conn.connection.driver_connection.cursor(binary=True) as cur:
+        dbapi = conn.connection.driver_connection
+        if dbapi is None:  # SQLAlchemy types it Optional: None only once the connection is closed
+            raise RuntimeError("the database connection is closed")
+        with dbapi.cursor(binary=True) as cur:
             cur.execute(sql, params, prepare=False)
             rows = cur.fetchall()
     else:

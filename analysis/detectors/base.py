@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
@@ -193,7 +193,7 @@ class JobView:
         self.idle = self.judged & (idle_prof | idle_util)
         self.active = self.judged & ~self.idle
         self.n_active = self.active.sum(axis=0)
-        self.valid_k = self.judged.any(axis=0)
+        self.valid_k = cast("np.ndarray", self.judged.any(axis=0))  # judged is 2-D: a (K,) array, never a scalar
 
     @property
     def n_gpus(self) -> int:

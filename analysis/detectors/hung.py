@@ -11,7 +11,7 @@ full use: no verdict); tensor, DRAM and link traffic corroborate where measured.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 
@@ -69,7 +69,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     for k in np.unique(k_of[hung_m]):
         if 0 <= k < w.k:
             claim[:, k] = gpu_m[:, k_of == k].sum(axis=1) / w.w_min
-    em = claim.any(axis=0)
+    em = cast("np.ndarray", claim.any(axis=0))  # claim is (G, K): a (K,) array, never a scalar
     claim = np.where(job.judged, np.clip(claim, 0.0, 1.0), 0.0)
     wasted = float((claim * w.obs_s).sum() / 3600.0)
     last = det.episodes[-1]

@@ -35,7 +35,8 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
 
     def note(i: int, key: str, value: Any, ts: float) -> None:
         per_gpu[i].setdefault(key, value)
-        first[i] = ts if first[i] is None else min(first[i], ts)
+        prev = first[i]
+        first[i] = ts if prev is None else min(prev, ts)
 
     def minute_ts(m: int) -> float:
         return float((c.b0 + m) * 60)

@@ -118,8 +118,8 @@ def rank_goodput(rank: int, windows: list[Window], alloc: Allocation, *, eval_pr
         maxes = [w.max_step for w in proc if w.max_step is not None]
         if maxes:
             # After an in-process restart the process's own counter continues from its last step.
-            last = proc[-1].last_step if proc[-1].last_step is not None else max(maxes)
-            prev_max = last if any(w.restarts for w in proc) else max(maxes)
+            last_step = proc[-1].last_step if proc[-1].last_step is not None else max(maxes)
+            prev_max = last_step if any(w.restarts for w in proc) else max(maxes)
     mean_step = productive / steps if steps else 0.0
     redone = min(productive, lost * mean_step)
     productive -= redone

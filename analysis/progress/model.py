@@ -54,7 +54,7 @@ class Window:
         return self.productive_s + sum(self.spans.values()) + self.stall_s + self.unfinished_s
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], node: str | None = None) -> Window:
+    def from_row(cls, row: Mapping[Any, Any], node: str | None = None) -> Window:  # a RowMapping: str or Column keys
         import json
 
         def js(v: Any) -> dict[str, Any]:
