@@ -101,3 +101,14 @@ def execute_prepared(conn: Connection, sql: str, params: list[Any]) -> None:
     _register(raw)
     with raw.cursor() as cur:  # type: ignore[union-attr]  # DBAPI connection: Optional in SQLAlchemy's types
         cur.execute(sql, params, prepare=True)
+
+
+def query_prepared(conn: Connection, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """``execute_prepared`` for a query: its rows. For the small lookups of every group commit
+    whose parameters are ``pg_array``s (no list dumping, planned once per connection)."""
+    raw = conn.connection.driver_connection
+    _register(raw)
+    with raw.cursor() as cur:  # type: ignore[union-attr]  # DBAPI connection: Optional in SQLAlchemy's types
+        cur.execute(sql, params, prepare=True)
+        rows: list[tuple[Any, ...]] = cur.fetchall()
+        return rows

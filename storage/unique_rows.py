@@ -20,6 +20,7 @@ import numpy as np
 from sqlalchemy import Connection
 
 from gpufleet.storage.dialect import is_postgres
+from gpufleet.storage.pg_arrays import pg_array, query_prepared
 from gpufleet.storage.rollups import BUCKET_S
 
 
@@ -38,7 +39,7 @@ def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray) -> tuple[np.n
     # asked against the stored rows' newest: only overlapping GPU-minutes come back.
     b = np.floor(t / BUCKET_S) * BUCKET_S
     starts = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (b[1:] != b[:-1])])
-    overlap = _overlapping(conn, g[starts].tolist(), b[starts].tolist(), t[starts].tolist())
+    overlap = _overlapping(conn, g[starts], b[starts], t[starts])
     if not overlap:
         return keep, order
     og = sorted({gg for gg, _ in overlap})
@@ -51,18 +52,22 @@ def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray) -> tuple[np.n
     return keep, order
 
 
-def _overlapping(conn: Connection, gpus: list[int], buckets: list[float], first_ts: list[float]
+def _overlapping(conn: Connection, gpus: np.ndarray, buckets: np.ndarray, first_ts: np.ndarray
                  ) -> list[tuple[int, float]]:
     """(gpu_pk, bucket) of the GPU-minutes whose stored rollup row's last_ts is not before the
     new rows' first ts there: the only ones that can hold a copy."""
     if is_postgres(conn):
+        # Binary array parameters and a prepared plan: this runs in every group commit, and
+        # dumping three Python lists as text arrays cost more than the query itself.
         q = ("SELECT r.gpu_pk, r.bucket FROM unnest(%s::int4[], %s::float8[], %s::float8[]) AS k(g, b, t) "
              "JOIN gpu_samples_1m r ON r.gpu_pk = k.g AND r.bucket = k.b WHERE k.t <= r.last_ts")
-        return [(g, b) for g, b in conn.exec_driver_sql(q, (gpus, buckets, first_ts)).all()]
+        rows = query_prepared(conn, q, [pg_array(gpus, integer=True), pg_array(buckets, integer=False),
+                                        pg_array(first_ts, integer=False)])
+        return [(int(g), float(b)) for g, b in rows]
     q = ("SELECT r.gpu_pk, r.bucket FROM (SELECT json_extract(value, '$[0]') AS g, json_extract(value, '$[1]') AS b, "
          "json_extract(value, '$[2]') AS t FROM json_each(?)) AS k "
          "JOIN gpu_samples_1m r ON r.gpu_pk = k.g AND r.bucket = k.b WHERE k.t <= r.last_ts")
-    arg = msgspec.json.encode(list(zip(gpus, buckets, first_ts, strict=True))).decode()
+    arg = msgspec.json.encode(list(zip(gpus.tolist(), buckets.tolist(), first_ts.tolist(), strict=True))).decode()
     return [(g, b) for g, b in conn.exec_driver_sql(q, (arg,)).all()]
 
 
