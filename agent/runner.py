@@ -206,8 +206,8 @@ class Agent:
             since = self._alloc_since.get((gpu, job_id))
             if since is None:
                 start = info.start_ts
-                ok = start is not None and 946684800 < start <= now  # the collector refuses others
-                since = self._alloc_since[(gpu, job_id)] = start if ok else now  # type: ignore[assignment]
+                since = start if start is not None and 946684800 < start <= now else now  # the collector refuses others
+                self._alloc_since[(gpu, job_id)] = since
             allocations.append(Allocation(gpu_uuid=gpu, job_id=job_id, since=since))
         if len(self._alloc_since) > MAX_REMEMBERED_ALLOCATIONS:  # months of short jobs: forget ended ones
             self._alloc_since = {(a.gpu_uuid, a.job_id): a.since for a in allocations}

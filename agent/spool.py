@@ -193,10 +193,10 @@ class Spool:
     def _persist_memory(self) -> bool:
         """Write batches held in memory to disk, oldest first; False when the disk refused one
         (the rest stay in memory and are tried again on the next put)."""
-        for item in [i for i in self._items if i.data is not None]:
+        for item, data in [(i, i.data) for i in self._items if i.data is not None]:
             self._make_room(item.size, keep=item)
             try:
-                self._write_file(item.path, item.data)
+                self._write_file(item.path, data)
             except OSError as e:
                 if self.on_disk_error:
                     self.on_disk_error(e)

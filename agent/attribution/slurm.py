@@ -118,14 +118,14 @@ class SlurmAttributor:
         for r in readings:
             for pid in r.pids:
                 seen.add(pid)
-                job = self._job_of(pid)
-                if job is None:
+                pid_job = self._job_of(pid)
+                if pid_job is None:
                     continue
-                a.gpu_job.setdefault(r.uuid, job)
-                if job not in self._facts:
+                a.gpu_job.setdefault(r.uuid, pid_job)
+                if pid_job not in self._facts:
                     env = read_environ(self.proc_root, pid)
-                    if env.get("SLURM_JOB_ID") == job:
-                        self._facts[job] = job_from_environ(job, env)
+                    if env.get("SLURM_JOB_ID") == pid_job:
+                        self._facts[pid_job] = job_from_environ(pid_job, env)
         for pid in [p for p in self._pid_job if p not in seen]:
             del self._pid_job[pid]  # exited: its pid may be reused by another job
 
