@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet import durations
 from gpufleet.flagkinds import FLAG_KINDS, SEVERITIES
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = ["FLAG_KINDS", "SEVERITIES"]
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -178,7 +181,7 @@ def _route(d: Any, i: int) -> Route:
     return Route(webhook=str(d["webhook"]), cluster=m.get("cluster"), account=m.get("account"), user=m.get("user"))
 
 
-def _dc(cls: type, d: Any, where: str, durations: dict[str, str]) -> Any:
+def _dc(cls: type[DataclassInstance], d: Any, where: str, durations: dict[str, str]) -> Any:
     """Build a settings dataclass from a mapping; ``durations`` maps file keys to fields."""
     if d is None:
         return cls()

@@ -58,10 +58,13 @@ class NewSilence:
 def create_silence(engine: Engine, s: NewSilence, created_by: str, now: float) -> dict[str, Any]:
     s.validate()
     with engine.begin() as c:
-        sid = c.execute(insert(S).values(job=s.job, user=s.user, kind=s.kind, cluster=s.cluster,
-                                         reason=s.reason.strip()[:2000], created_by=created_by[:128],
-                                         created_at=now, expires_at=now + s.duration_s)).inserted_primary_key[0]
-    return get_silence(engine, int(sid))  # type: ignore[return-value]
+        pk = c.execute(insert(S).values(job=s.job, user=s.user, kind=s.kind, cluster=s.cluster,
+                                        reason=s.reason.strip()[:2000], created_by=created_by[:128],
+                                        created_at=now, expires_at=now + s.duration_s)).inserted_primary_key
+        if pk is None:  # a single-row INSERT always has one; SQLAlchemy types it Optional (executemany has none)
+            raise RuntimeError("the silence INSERT returned no primary key")
+        sid = pk[0]
+    return get_silence(engine, int(sid))  # type: ignore[return-value]  # just inserted, in a committed transaction
 
 
 def get_silence(engine: Engine, sid: int) -> dict[str, Any] | None:

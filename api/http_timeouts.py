@@ -86,7 +86,7 @@ class _HeaderDeadline:
     _got_bytes = False  # of a request, since the timer was armed
     timed_out = 0  # connections closed for slow headers, all protocols of this process
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm_header_timer()
 
@@ -149,7 +149,7 @@ def http_protocol(timeouts: ReadTimeouts | None = None) -> type[asyncio.Protocol
     ``timeouts`` sets this process's header deadline (``serving_app`` does, in every worker)."""
     if timeouts is not None:
         set_header_timeout(timeouts.header_timeout_s)
-    return TimedHttpToolsProtocol or TimedH11Protocol  # type: ignore[return-value]
+    return TimedHttpToolsProtocol if TimedHttpToolsProtocol is not None else TimedH11Protocol
 
 
 def set_header_timeout(seconds: float) -> None:

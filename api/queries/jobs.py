@@ -3,6 +3,7 @@ flags). A job without a report yet still gets live numbers computed from the rol
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from sqlalchemy import distinct, exists, func, or_, select
@@ -138,7 +139,7 @@ def _per_gpu_live(conn: Session, job: Job, gpus: list[dict[str, Any]]) -> list[d
     stats = {r["gpu_pk"]: r for r in conn.execute(q).mappings()}
     out = []
     for g in gpus:
-        s = stats.get(g["gpu_pk"], {})
+        s: Mapping[Any, Any] = stats.get(g["gpu_pk"], {})  # a RowMapping (str or Column keys), or none
         out.append({"gpu_uuid": g["uuid"], "node": g["node"], "index": g["index"],
                     **{k: clean(s.get(k)) for k in ("sm_active_mean", "tensor_active_mean", "dram_active_mean",
                                                     "power_w_mean", "sm_clock_mhz_mean", "fb_used_bytes_max")}})
@@ -174,7 +175,8 @@ def job_detail(conn: Session, job: Job, cluster: str) -> dict[str, Any]:
             v = _stat(report, f)
             if v is not None:
                 summary[f"{f}_mean"] = v
-    per_gpu = report.get("per_gpu") if report and report.get("per_gpu") else _per_gpu_live(conn, job, gpus)
+    per_gpu: list[dict[str, Any]] = (report["per_gpu"] if report and report.get("per_gpu")
+                                     else _per_gpu_live(conn, job, gpus))
     per_gpu = sorted(per_gpu, key=lambda g: (str(g.get("node") or ""), g.get("index") if isinstance(g.get("index"), int)
                                              else 1 << 30, str(g.get("gpu_uuid"))))
     current = live_values(conn, [g["gpu_pk"] for g in gpus]) if job.state != "ended" else {}
