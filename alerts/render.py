@@ -114,9 +114,22 @@ def _evidence(ev: dict[str, Any]) -> str:
     return ", ".join(items) + (f" (+{more} more)" if more > 0 else "")
 
 
+PROGRESS_SCOPE = "progress"  # flags from the job's own progress (analysis/progress/flags.py)
+
+
+def scope_text(scope: str) -> str:
+    """A flag's scope for people: a node or GPU as code; the job's progress in words
+    (``progress``, or ``progress:rank<N>`` for one rank)."""
+    if scope == PROGRESS_SCOPE:
+        return "the job's progress"
+    if scope.startswith(PROGRESS_SCOPE + ":rank"):
+        return f"rank {esc(truncate(scope.split(':rank', 1)[1], 12))} (the job's progress)"
+    return code(scope, 60)
+
+
 def flag_section(config: AlertConfig, s: KindSummary, is_new: bool) -> dict[str, Any]:
     title = flag_kinds().title(s.kind)
-    scopes = f" on {', '.join(code(x, 60) for x in s.scopes[:6])}" if s.scopes else ""
+    scopes = f" on {', '.join(scope_text(x) for x in s.scopes[:6])}" if s.scopes else ""
     if len(s.scopes) > 6:
         scopes += f" +{len(s.scopes) - 6}"
     lines = [f"{SEVERITY_ICON.get(s.severity, '')} *{esc(title)}*{' (new)' if is_new else ''}{scopes}"

@@ -24,7 +24,8 @@ from gpufleet.flagkinds import FLAG_KINDS, SEVERITIES
 
 DEFAULT_PATH = Path(__file__).with_name("thresholds.toml")
 
-__all__ = ["FLAG_KINDS", "General", "KindConfig", "ModelLimits", "Thresholds", "load_thresholds", "parse_thresholds"]
+__all__ = ["FLAG_KINDS", "General", "KindConfig", "ModelLimits", "ProgressGeneral", "Thresholds", "load_thresholds",
+           "parse_thresholds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,17 @@ class General(Section):
     critical_wasted_gpu_hours: float
     reread_margin_s: float
     reread_max_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressGeneral(Section):
+    """What the progress findings share (docs/progress.md): freshness and the hang rule."""
+
+    SECTION: ClassVar[str] = "progress"
+    fresh_s: float  # the newest window must be this recent to call anything ongoing
+    hang_min_s: float  # no step for at least this long (and ...)
+    hang_step_factor: float  # ... this many typical step times) with no span open = hung
+    span_hang_s: float  # a span open this long is hung too (a 10-minute checkpoint is not)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +136,10 @@ class Thresholds:
     def general(self) -> General:
         return self.get(General)
 
+    @property
+    def progress(self) -> ProgressGeneral:
+        return self.get(ProgressGeneral)
+
     def get(self, cls: type[C]) -> C:
         """The typed section ``cls`` (built once per Thresholds)."""
         got = self._typed.get(cls)
@@ -153,11 +169,13 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def parse_thresholds(text: str, base: dict[str, Any] | None = None) -> Thresholds:
     """Parse (and with ``base``, overlay) a thresholds file; every section is checked now."""
     from .detectors import DETECTORS  # the detectors' config classes say what each section holds
+    from .progress.detectors import PROGRESS_DETECTORS
 
     raw = tomllib.loads(text)
     if base is not None:
         raw = _merge(base, raw)
-    sections = {"general": General, **{d.kind: d.config for d in DETECTORS}}
+    sections: dict[str, type[Section]] = {"general": General, "progress": ProgressGeneral,
+                                          **{d.kind: d.config for d in (*DETECTORS, *PROGRESS_DETECTORS)}}
     missing = [k for k in ("models", *sections) if k not in raw]
     if missing:
         raise ValueError(f"thresholds lack sections {missing}")

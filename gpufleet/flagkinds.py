@@ -15,13 +15,20 @@ from typing import Any
 
 REGISTRY_PATH = Path(__file__).with_name("flagkinds.toml")
 
-SCOPES = ("job", "node", "gpu", "node_or_gpu")
+SCOPES = ("job", "node", "gpu", "node_or_gpu", "progress")
+# Where a kind's detector lives, by the data it judges (tests/analysis/test_flagkinds.py holds
+# every kind to exactly one detector module there): "hardware" = the job's telemetry windows
+# (GPU samples, NCCL records, NIC counters; analysis/detectors/<name>.py), "progress" = the
+# job's own progress windows (gpufleet.progress; analysis/progress/detectors/<name>.py).
+SOURCES = {"hardware": "analysis/detectors", "progress": "analysis/progress/detectors"}
 SEVERITIES = ("info", "warning", "critical")
 WORKLOAD_CLASSES = ("training", "serving", "batch_inference", "interactive", "hpc")
 UNITS = ("ratio", "count", "minutes", "seconds", "MHz", "W", "GiB", "bytes", "bytes/s", "per_minute", "text",
          "list", "map")
+_PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_KIND_KEYS = {"name", "scope", "severity", "title", "summary", "suggestion", "suggestion_by_class", "waste", "docs",
+_KIND_KEYS = {"name", "source", "scope", "severity", "title", "summary", "suggestion", "suggestion_by_class", "waste",
+              "docs",
               "evidence"}
 
 
@@ -36,6 +43,7 @@ class EvidenceField:
 @dataclass(frozen=True, slots=True)
 class FlagKind:
     name: str
+    source: str
     scope: str
     severity: str
     title: str
@@ -46,12 +54,32 @@ class FlagKind:
     docs: str
     evidence: tuple[EvidenceField, ...]
 
+    def suggestion_with(self, evidence: dict[str, Any], workload_class: str | None = None) -> str:
+        """The suggestion with its ``{evidence_key}`` placeholders filled from the evidence
+        (ratios as percentages, seconds rounded; a missing value reads "n/a")."""
+        units = {e.key: e.unit for e in self.evidence}
+
+        def value(m: re.Match[str]) -> str:
+            v = evidence.get(m.group(1))
+            if v is None or isinstance(v, dict | list):
+                return "n/a"
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return str(v)
+            if units.get(m.group(1)) == "ratio":
+                return f"{v:.1%}"
+            if units.get(m.group(1)) == "seconds" or abs(v) >= 100:
+                return f"{v:,.0f}"
+            return f"{v:.3g}"
+
+        return _PLACEHOLDER.sub(value, self.suggestion_for(workload_class))
+
     def suggestion_for(self, workload_class: str | None) -> str:
         """The advice that fits the workload (a serving replica is not told to fix its DataLoader)."""
         return dict(self.suggestion_by_class).get(workload_class or "", self.suggestion)
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "scope": self.scope, "severity": self.severity, "title": self.title,
+        return {"name": self.name, "source": self.source, "scope": self.scope, "severity": self.severity,
+                "title": self.title,
                 "summary": self.summary, "suggestion": self.suggestion,
                 "suggestion_by_class": dict(self.suggestion_by_class), "waste": self.waste, "docs": self.docs,
                 "evidence": {e.key: {"label": e.label, "unit": e.unit, "meaning": e.meaning} for e in self.evidence}}
@@ -116,6 +144,8 @@ def _kind(d: Any, i: int) -> FlagKind:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
     if not _NAME.match(str(d["name"])):
         raise ValueError(f"{where}: name must be lower_snake_case, at most 32 characters")
+    if d["source"] not in SOURCES:
+        raise ValueError(f"{where}: source {d['source']!r} is not one of {list(SOURCES)}")
     if d["scope"] not in SCOPES:
         raise ValueError(f"{where}: scope {d['scope']!r} is not one of {list(SCOPES)}")
     if d["severity"] not in SEVERITIES:
@@ -124,7 +154,13 @@ def _kind(d: Any, i: int) -> FlagKind:
     bad = sorted(set(by_class) - set(WORKLOAD_CLASSES))
     if bad:
         raise ValueError(f"{where}: suggestion_by_class has unknown workload classes {bad}")
-    return FlagKind(str(d["name"]), str(d["scope"]), str(d["severity"]), str(d["title"]), str(d["summary"]),
+    declared = set(d["evidence"]) if isinstance(d["evidence"], dict) else set()
+    for text in (d["suggestion"], *by_class.values()):
+        undeclared = sorted(set(_PLACEHOLDER.findall(str(text))) - declared)
+        if undeclared:
+            raise ValueError(f"{where}: suggestion placeholders {undeclared} are not evidence keys of the kind")
+    return FlagKind(str(d["name"]), str(d["source"]), str(d["scope"]), str(d["severity"]), str(d["title"]),
+                    str(d["summary"]),
                     str(d["suggestion"]), tuple((str(k), str(v)) for k, v in by_class.items()), str(d["waste"]),
                     str(d["docs"]), _evidence(d["evidence"], f"{where}.evidence"))
 

@@ -1,8 +1,9 @@
 """Progress findings into ``flags`` (the thin database side of ``detect``): one row per (job,
 kind, scope) with scopes ``progress`` / ``progress:rank<N>``, opened, updated and resolved like
-the hardware flags, so the alert rules (Slack) and the web read them the same way. Only kinds
-the registry knows (gpufleet/flagkinds.toml) become flags; the others stay in the job's
-``goodput.findings``. The hardware runner leaves ``progress`` scopes alone."""
+the hardware flags, so the alert rules (Slack) and the web read them the same way: ``hung``
+and every kind whose registry entry (gpufleet/flagkinds.toml) says ``source = "progress"``.
+A finding of a kind the registry does not know (a newer detector against an older registry)
+stays in the job's ``goodput.findings``. The hardware runner leaves ``progress`` scopes alone."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from gpufleet.storage.progress_models import JobProgress
 
 from .detect import ProgressFinding, ProgressThresholds, detect_all
 from .load import goodput_for_job, hardware_now
+from .model import Goodput
 
 log = logging.getLogger(__name__)
 SCOPE = "progress"
@@ -33,10 +35,12 @@ class ProgressPass:
     errors: list[str] = field(default_factory=list)
 
 
-def _wasted_gpu_hours(f: ProgressFinding, ranks: int) -> float:
-    if not f.evidence.get("stuck_ranks"):  # only a hang wastes all of the ranks' time; the rest is in goodput
-        return 0.0
-    return round(max(0.0, f.end_ts - f.start_ts) * ranks / 3600.0, 4)
+def _wasted_gpu_hours(f: ProgressFinding, g: Goodput | None) -> float:
+    """The finding's rank-seconds in GPU-hours (one GPU per rank, the progress view's unit),
+    capped by the job's allocation (its allocated time x its ranks: docs/goodput.md, "Waste
+    accounting"); each kind's model is its registry entry's ``waste``."""
+    cap = g.allocated_s * g.ranks if g is not None else 0.0
+    return round(min(max(0.0, f.wasted_rank_s), cap) / 3600.0, 4)
 
 
 def sync_job(conn: Connection, job_pk: int, now: float, th: ProgressThresholds | None = None) -> tuple[int, int]:
@@ -55,8 +59,8 @@ def sync_job(conn: Connection, job_pk: int, now: float, th: ProgressThresholds |
         key = (f.kind, f.scope)
         seen.add(key)
         values = {"severity": f.severity, "start_ts": f.start_ts, "end_ts": f.end_ts,
-                  "wasted_gpu_hours": _wasted_gpu_hours(f, g.ranks if g else 1), "evidence": f.evidence,
-                  "suggestion": reg.get(f.kind).suggestion, "open": f.ongoing}
+                  "wasted_gpu_hours": _wasted_gpu_hours(f, g), "evidence": f.evidence,
+                  "suggestion": reg.get(f.kind).suggestion_with(f.evidence), "open": f.ongoing}
         old = existing.get(key)
         if old is None:
             conn.execute(t.insert().values(job_pk=job_pk, kind=f.kind, scope=f.scope, opened_at=now,

@@ -1,6 +1,7 @@
-"""The flag-kind registry is the one home of each kind: every kind has exactly one detector,
-its words live in one file, and no other product file names a kind (so adding one needs only
-a registry entry, a detector module, its thresholds section and its tests)."""
+"""The flag-kind registry is the one home of each kind: every kind has exactly one detector, in
+the place its ``source`` names, its words live in one file, and no other product file names a
+kind (so adding one needs only a registry entry, a detector module, its thresholds section and
+its tests)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from simjobs import analyze_data, generate
 from gpufleet.agent.simulator import PROFILES, make_job
 from gpufleet.analysis.config import load_thresholds
 from gpufleet.analysis.detectors import DETECTORS
-from gpufleet.flagkinds import FLAG_KINDS, flag_kinds, parse_flag_kinds
+from gpufleet.analysis.progress.detectors import PROGRESS_DETECTORS
+from gpufleet.flagkinds import FLAG_KINDS, SOURCES, flag_kinds, parse_flag_kinds
 
 from .conftest import T0
 
@@ -65,13 +67,25 @@ def _product_files() -> list[tuple[str, str]]:
     return out
 
 
-def test_every_kind_has_one_detector_and_one_thresholds_section() -> None:
-    assert sorted(d.kind for d in DETECTORS) == sorted(FLAG_KINDS)
+# The detector list of each source (the registry's SOURCES names their folders).
+DETECTORS_BY_SOURCE = {"hardware": DETECTORS, "progress": PROGRESS_DETECTORS}
+
+
+def test_every_kind_has_one_detector_where_its_source_says_and_one_thresholds_section() -> None:
+    assert sorted(DETECTORS_BY_SOURCE) == sorted(SOURCES)
     th = load_thresholds()
-    for d in DETECTORS:
-        assert d.kind == d.config.SECTION
-        assert d.kind in th.raw, f"thresholds.toml has no [{d.kind}] section"
-        assert (REPO / "analysis" / "detectors" / f"{d.kind}.py").is_file()
+    for kind in flag_kinds().kinds:
+        homes = [src for src, ds in DETECTORS_BY_SOURCE.items() for d in ds if d.kind == kind.name]
+        assert homes == [kind.source], f"{kind.name}: source {kind.source!r}, detectors in {homes}"
+        # ... and its module is the only one in any source's folder named for it
+        modules = [src for src, folder in SOURCES.items() if (REPO / folder / f"{kind.name}.py").is_file()]
+        assert modules == [kind.source], f"{kind.name}: detector modules under {modules}"
+    for src, ds in DETECTORS_BY_SOURCE.items():
+        for d in ds:
+            assert d.kind in FLAG_KINDS, f"{src} detector {d.kind} has no registry entry"
+            assert d.kind == d.config.SECTION
+            assert d.kind in th.raw, f"thresholds.toml has no [{d.kind}] section"
+        assert len({d.kind for d in ds}) == len(ds), f"{src}: a kind listed twice"
 
 
 def test_titles_and_suggestions_live_in_one_file() -> None:
@@ -87,8 +101,9 @@ def test_titles_and_suggestions_live_in_one_file() -> None:
 def test_no_other_product_file_names_a_kind() -> None:
     files = _product_files()
     for kind in FLAG_KINDS:
-        allowed = {"gpufleet/flagkinds.toml", "analysis/thresholds.toml", "analysis/detectors/__init__.py",
-                   f"analysis/detectors/{kind}.py", *CROSS_REFERENCES.get(kind, {})}
+        folder = SOURCES[flag_kinds().get(kind).source]
+        allowed = {"gpufleet/flagkinds.toml", "analysis/thresholds.toml", f"{folder}/__init__.py",
+                   f"{folder}/{kind}.py", *CROSS_REFERENCES.get(kind, {})}
         # As a string literal: the way code names a kind (prose and examples may mention it).
         pat = re.compile(rf"[\"']{kind}[\"']")
         extra = [rel for rel, body in files if rel not in allowed and pat.search(body)]
@@ -108,7 +123,8 @@ def test_every_evidence_key_is_declared(profile: str) -> None:
 
 
 def _entry(**over: str) -> str:
-    d = {"name": "x_kind", "scope": "job", "severity": "warning", "title": "X", "summary": "s", "suggestion": "do",
+    d = {"name": "x_kind", "source": "hardware", "scope": "job", "severity": "warning", "title": "X", "summary": "s",
+         "suggestion": "do",
          "waste": "w", "docs": "docs/goodput.md#x_kind", **over}
     body = "\n".join(f'{k} = "{v}"' for k, v in d.items())
     return f'[[kind]]\n{body}\n[kind.evidence]\nv = {{ label = "v", unit = "ratio", meaning = "m" }}\n'
@@ -119,9 +135,21 @@ def test_registry_rejects_bad_entries_with_clear_errors() -> None:
     for text, msg in ((_entry(scope="rack"), "scope 'rack'"), (_entry(severity="loud"), "severity 'loud'"),
                       (_entry(name="X-Kind"), "lower_snake_case"), (_entry() + _entry(), "defined twice"),
                       (_entry().replace('unit = "ratio"', 'unit = "furlongs"'), "unit 'furlongs'"),
-                      (_entry().replace('waste = "w"\n', ""), "missing keys ['waste']"), ("", "no [[kind]]")):
+                      (_entry().replace('waste = "w"\n', ""), "missing keys ['waste']"), ("", "no [[kind]]"),
+                      (_entry(source="gossip"), "source 'gossip'"),
+                      (_entry().replace('source = "hardware"\n', ""), "missing keys ['source']"),
+                      (_entry(suggestion="do {nope}"), "placeholders ['nope']")):
         with pytest.raises(ValueError, match=re.escape(msg)):
             parse_flag_kinds(text)
+
+
+def test_suggestion_placeholders_are_filled_from_the_evidence() -> None:
+    k = parse_flag_kinds(_entry(suggestion="checkpoint every {v} s")).get("x_kind")
+    assert k.suggestion_with({"v": 0.25}) == "checkpoint every 25.0% s"
+    assert k.suggestion_with({}) == "checkpoint every n/a s"
+    for kind in flag_kinds().kinds:  # the hardware kinds' suggestions are plain text
+        if kind.source == "hardware":
+            assert "{" not in kind.suggestion, kind.name
 
 
 def test_unknown_kind_shows_its_name() -> None:

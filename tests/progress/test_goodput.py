@@ -53,5 +53,5 @@ def test_a_stall_is_hung_when_the_gpus_are_busy_and_idle_when_they_are_not() -> 
     assert busy.badput_s["hung"] == pytest.approx(10.0) and busy.badput_s["idle"] == 0.0
     assert idle.badput_s["idle"] == pytest.approx(10.0) and idle.badput_s["hung"] == 0.0
     stuck = [w(0, start=True, since_step_s=0.0), w(1, steps=0, prod=0.0, since_step_s=130.0, last_step_ts=None)]
-    f = detect_hung(stuck, T0 + 20, ProgressThresholds(), gpu_busy=True)
+    f = detect_hung(stuck, T0 + 20, ProgressThresholds.load(), gpu_busy=True)
     assert f is not None and f.evidence["hardware"] == "busy" and f.evidence["judged_from"] == ["progress", "hardware"]

@@ -27,7 +27,7 @@ from gpufleet.storage.db import make_engine
 from .harness import PY, REPO, TRAIN, NodeAgent, wait_until
 
 torch = pytest.importorskip("torch")
-SCALED = ProgressThresholds(hang_min_s=10.0, span_hang_s=300.0, fresh_s=30.0)
+SCALED = ProgressThresholds.load(hang_min_s=10.0, span_hang_s=300.0, fresh_s=30.0)
 
 
 def _progress(url: str, job: str) -> dict[str, Any] | None:
@@ -100,7 +100,7 @@ def _timeline(kind: str) -> list[Window]:
         send([], t)
         for w in f.close_due(wall0 + (t - mono0), t):
             out.append(_w(w))
-        if kind == "hang" and detect_hung(out, wall0 + (t - mono0), ProgressThresholds()) is not None:
+        if kind == "hang" and detect_hung(out, wall0 + (t - mono0), ProgressThresholds.load()) is not None:
             return [Window(rank=0, pid=0, start=t - mono0 - 300, end=0.0)]  # seconds from the hang to the flag
         t += 2
     return out
@@ -116,4 +116,4 @@ def test_at_real_scale_a_hang_is_flagged_within_5_minutes_and_a_10_minute_checkp
     assert 120 <= marker.start <= 300, f"flagged {marker.start} s after the hang"
     windows = _timeline("checkpoint")
     for k in range(1, len(windows) + 1):
-        assert detect_hung(windows[:k], windows[k - 1].end + 5, ProgressThresholds()) is None
+        assert detect_hung(windows[:k], windows[k - 1].end + 5, ProgressThresholds.load()) is None
