@@ -175,7 +175,8 @@ def parse_thresholds(text: str, base: dict[str, Any] | None = None) -> Threshold
     if base is not None:
         raw = _merge(base, raw)
     sections: dict[str, type[Section]] = {"general": General, "progress": ProgressGeneral,
-                                          **{d.kind: d.config for d in (*DETECTORS, *PROGRESS_DETECTORS)}}
+                                          **{d.kind: d.config for d in DETECTORS},
+                                          **{d.kind: d.config for d in PROGRESS_DETECTORS}}
     missing = [k for k in ("models", *sections) if k not in raw]
     if missing:
         raise ValueError(f"thresholds lack sections {missing}")
