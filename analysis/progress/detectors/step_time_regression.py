@@ -36,5 +36,5 @@ def detect(ctx: ProgressContext, cfg: Config) -> list[ProgressFinding]:
     ranks = len({w.rank for w in ctx.windows})
     return [finding(KIND, cfg, "progress", start, end, ctx.now - s[-1][0] < ctx.general.fresh_s + WINDOW_S, {
         "baseline_step_s": r(base, 4), "recent_step_s": r(rec, 4), "ratio": r(rec / base, 3),
-        "threshold_ratio": cfg.ratio, "since_ts": start, "windows": len(s) - k},
+        "threshold_ratio": cfg.ratio, "windows": len(s) - k},  # the slow stretch's start is the flag's start_ts
         wasted_rank_s=(end - start) * (1.0 - base / rec) * ranks)]
