@@ -17,7 +17,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import msgspec
@@ -28,6 +28,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gpufleet import protocol
+from gpufleet.collector.answers import Answer, BodyReader, answer, read_limited_body
 from gpufleet.collector.columns import prepare
 from gpufleet.collector.errors import BatchRejected, from_protocol
 from gpufleet.collector.fastdecode import decode_prepared
@@ -44,21 +45,8 @@ _json = msgspec.json.Encoder()
 _AUTH_TTL_S = 5.0
 
 
-# (status, JSON body, extra raw headers): what the ingest core answers, so that both the
-# Starlette endpoint and the pure-ASGI front can send it without sharing a Response class.
-Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
-# Called once, after auth: yields the request body's chunks; raises ClientDisconnect when
-# the client goes away mid-body (Starlette's Request.stream contract, kept by the front).
-BodyReader = Callable[[], AsyncIterator[bytes]]
 
 
-def _answer(status: int, detail: str, retry_after: int | None = None) -> Answer:
-    extra: list[tuple[bytes, bytes]] = []
-    if retry_after is not None:
-        extra.append((b"retry-after", str(retry_after).encode("latin-1")))
-    if status == 401:
-        extra.append((b"www-authenticate", b"Bearer"))
-    return status, _json.encode({"detail": detail}), extra
 
 
 def _to_response(answer: Answer) -> Response:
@@ -74,7 +62,7 @@ def _reply(status: int, body: dict[str, Any]) -> Response:
 
 
 def _error(status: int, detail: str, retry_after: int | None = None) -> Response:
-    return _to_response(_answer(status, detail, retry_after))
+    return _to_response(answer(status, detail, retry_after))
 
 
 class Collector:
@@ -131,22 +119,6 @@ def collector_for(app: FastAPI) -> Collector:
     return coll
 
 
-async def _read_body(read_body: BodyReader, limit: int, cl: str | None) -> bytes | Answer:
-    if cl is not None:
-        try:
-            if int(cl) > limit:
-                return _answer(413, f"body of {cl} bytes exceeds the limit of {limit}")
-        except ValueError:
-            return _answer(400, "invalid Content-Length")
-    chunks = []
-    size = 0
-    # Chunked bodies have no Content-Length: the limit is enforced while streaming too.
-    async for chunk in read_body():
-        size += len(chunk)
-        if size > limit:
-            return _answer(413, f"body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 _WANTED = {b"authorization", b"content-encoding", b"content-type", b"content-length"}
@@ -185,25 +157,25 @@ def database_unavailable(e: BaseException, retry_after_s: int) -> Answer:
         _last_unavailable_log = now
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         log.warning("database unavailable (answering 503 + Retry-After): %s", first)
-    return _answer(503, "database unavailable, retry later", retry_after_s)
+    return answer(503, "database unavailable, retry later", retry_after_s)
 
 
 def internal_error() -> Answer:
     """The answer to an unexpected failure; the details go to the log, not to the client."""
-    return _answer(500, "internal error handling the batch (logged on the collector)")
+    return answer(500, "internal error handling the batch (logged on the collector)")
 
 
 async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -> Answer:
     try:
         who = await coll.authorize(h.get(b"authorization"), "agent")
     except tokens.AuthError as e:
-        return _answer(e.status, e.detail)
+        return answer(e.status, e.detail)
     except DBAPIError as e:
         if not (is_transient(e) or is_unreachable(e)):
             raise
         return database_unavailable(e, coll.config.retry_after_s)
     limit = coll.settings.http.max_body_bytes
-    body = await _read_body(read_body, limit, h.get(b"content-length"))
+    body = await read_limited_body(read_body, limit, h.get(b"content-length"))
     if not isinstance(body, bytes):
         return body
     ctype = h.get(b"content-type")
@@ -214,11 +186,11 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
         batch = prep.batch if prep is not None else protocol.decode(raw, ctype)
     except protocol.ProtocolError as e:
         r = from_protocol(e)
-        return _answer(r.status, r.detail)
+        return answer(r.status, r.detail)
     try:
         tokens.check_scope(who, batch.agent.cluster, batch.agent.node)
     except tokens.AuthError as e:
-        return _answer(e.status, e.detail)
+        return answer(e.status, e.detail)
     cfg = coll.config
     try:
         fast = prep is not None  # the fast decoder has checked the gpus and jobs lists already
@@ -230,20 +202,20 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
             check_jobs_on_own_gpus(prep)
         fut = coll.writer.submit(prep)
     except BatchRejected as e:
-        return _answer(e.status, e.detail)
+        return answer(e.status, e.detail)
     except Overloaded as e:
-        return _answer(503, str(e), cfg.retry_after_s)
+        return answer(503, str(e), cfg.retry_after_s)
     except Unavailable as e:
-        return _answer(503, str(e), cfg.retry_after_s)
+        return answer(503, str(e), cfg.retry_after_s)
     try:
         res = await fut
     except BatchRejected as e:
-        return _answer(e.status, e.detail)
+        return answer(e.status, e.detail)
     except Unavailable as e:
-        return _answer(503, str(e), cfg.retry_after_s)
+        return answer(503, str(e), cfg.retry_after_s)
     except Exception:
         log.exception("ingest failed")
-        return _answer(500, "internal error storing the batch (logged on the collector)")
+        return answer(500, "internal error storing the batch (logged on the collector)")
     return 200, _json.encode({"stored": res.stored, "duplicate": res.duplicate}), []
 
 

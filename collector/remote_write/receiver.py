@@ -21,12 +21,12 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
 
+from gpufleet.collector.answers import Answer, BodyReader, answer, read_limited_body
 from gpufleet.protocol import ProtocolError
 from gpufleet.storage import tokens
 
@@ -36,18 +36,9 @@ from .mapping import Conversion, RateState, SeriesMap, convert
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
 
-Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
-BodyReader = Callable[[], AsyncIterator[bytes]]
 PROTOBUF = "application/x-protobuf"
 
 
-def _answer(status: int, detail: str, retry_after: int | None = None) -> Answer:
-    extra: list[tuple[bytes, bytes]] = []
-    if retry_after is not None:
-        extra.append((b"retry-after", str(retry_after).encode("latin-1")))
-    if status == 401:
-        extra.append((b"www-authenticate", b"Bearer"))
-    return status, _json.encode({"detail": detail}), extra
 
 
 class Stats:
@@ -98,25 +89,25 @@ class Receiver:
         try:
             who = await coll.authorize(h.get(b"authorization"), "agent")
         except tokens.AuthError as e:
-            return _answer(e.status, e.detail)
+            return answer(e.status, e.detail)
         if who.node is not None:
-            return _answer(403, f"token {who.name!r} is pinned to node {who.node!r}; remote write carries many "
+            return answer(403, f"token {who.name!r} is pinned to node {who.node!r}; remote write carries many "
                                 "nodes: use a cluster-scoped token (gpufleet token create NAME --role agent "
                                 "--cluster C)")
         cluster = who.cluster or (cluster_param or "").strip() or "default"
         if who.cluster is not None and cluster_param and cluster_param != who.cluster:
-            return _answer(403, f"token {who.name!r} may write cluster {who.cluster!r}, not {cluster_param!r}")
+            return answer(403, f"token {who.name!r} may write cluster {who.cluster!r}, not {cluster_param!r}")
         ctype = (h.get(b"content-type") or PROTOBUF).lower()
         if ctype.split(";")[0].strip() != PROTOBUF:
-            return _answer(415, f"unsupported Content-Type {ctype!r}: remote write sends {PROTOBUF}")
+            return answer(415, f"unsupported Content-Type {ctype!r}: remote write sends {PROTOBUF}")
         if "io.prometheus.write.v2" in ctype:
-            return _answer(415, "remote write 2.0 (io.prometheus.write.v2.Request) is not supported yet: "
+            return answer(415, "remote write 2.0 (io.prometheus.write.v2.Request) is not supported yet: "
                                 "send 1.0 (protobuf_message: prometheus.WriteRequest)")
         enc = (h.get(b"content-encoding") or "").strip().lower()
         if enc != "snappy":
-            return _answer(415, f"unsupported Content-Encoding {enc or 'none'!r}: remote write bodies are snappy")
+            return answer(415, f"unsupported Content-Encoding {enc or 'none'!r}: remote write bodies are snappy")
         limit = int(coll.settings.http.max_body_bytes)
-        body = await _read_body(read_body, limit, h.get(b"content-length"))
+        body = await read_limited_body(read_body, limit, h.get(b"content-length"))
         if not isinstance(body, bytes):
             return body
         # Decoding and regrouping are CPU work (milliseconds for a 2,000-series body): off the
@@ -136,7 +127,7 @@ class Receiver:
             raw = wire.unsnappy(body, max_size=limit)
             req = wire.decode(raw, self.series.known)
         except ProtocolError as e:
-            return _answer(413 if "exceeds" in str(e) else 400, str(e))
+            return answer(413 if "exceeds" in str(e) else 400, str(e))
         cfg = coll.config
         now = time.time()
         max_rows = int(coll.settings.http.max_rows_per_batch)
@@ -190,12 +181,12 @@ class Receiver:
                 # stored before (another shard's request carried other fields of it) is skipped
                 skipped += max(0, prep.n - res.stored)
         if busy is not None:  # (handle() counts the answer)
-            return _answer(503, f"{busy}; retry (committed parts are acknowledged as duplicates)",
+            return answer(503, f"{busy}; retry (committed parts are acknowledged as duplicates)",
                            cfg.retry_after_s)
         if rejected:
             status = rejected[0][0]
             log.warning("remote write: %d batch(es) refused: %s", len(rejected), rejected[0][1])
-            return _answer(status, "; ".join(d for _, d in rejected[:5]) + " (the request's other nodes are stored)")
+            return answer(status, "; ".join(d for _, d in rejected[:5]) + " (the request's other nodes are stored)")
         with self._lock:
             self.rates.commit(conv.rate_updates)
         self.stats.add(200, conv, rows, dupes, skipped)
@@ -206,18 +197,3 @@ class Receiver:
         return 200, _json.encode(out), []
 
 
-async def _read_body(read_body: BodyReader, limit: int, cl: str | None) -> bytes | Answer:
-    if cl is not None:
-        try:
-            if int(cl) > limit:
-                return _answer(413, f"body of {cl} bytes exceeds the limit of {limit} (GPUFLEET_MAX_BODY_BYTES)")
-        except ValueError:
-            return _answer(400, "invalid Content-Length")
-    chunks = []
-    size = 0
-    async for chunk in read_body():
-        size += len(chunk)
-        if size > limit:
-            return _answer(413, f"body exceeds the limit of {limit} bytes (GPUFLEET_MAX_BODY_BYTES)")
-        chunks.append(chunk)
-    return b"".join(chunks)
