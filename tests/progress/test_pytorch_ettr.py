@@ -45,6 +45,10 @@ def ground_truth(runs: list[list[dict[str, Any]]], kill_t: float) -> dict[str, f
     truth = {"productive": productive, "restart_lost": lost, "idle": idle, **spans}
     truth["allocated"] = allocated
     truth["lost_steps"] = max(s["step"] for s in steps1) - ckpt
+    # Steps run 1 made in its last second: at most these can die in the client's buffer with
+    # the SIGKILL (it ships every 0.2 s, later when a loaded machine starves its thread).
+    end1 = max(s["t1"] for s in steps1)
+    truth["last_second_steps"] = sum(1 for s in steps1 if s["t1"] > end1 - 1.0)
     return truth
 
 
@@ -89,7 +93,8 @@ def test_killed_and_resumed_training_matches_its_own_ground_truth(sqlite_url: st
         assert bad.get(cause, 0.0) / a == pytest.approx(t.get(cause, 0.0) / a, abs=TOL), (cause, bad, t)
     assert bad["restart_lost"] > 0 and bad["checkpoint_load"] > 0 and bad["idle"] > 1.0
     # Redone steps: from the checkpoint (120) to the last step run 1 reported before the kill
-    # (its final 0.2 s of calls died in its buffer, so a few fewer than it made).
-    assert t["lost_steps"] - 12 <= g["lost_steps"] <= t["lost_steps"] and g["lost_steps"] > 0, (g, t)
+    # (its last calls died in its buffer, so a few fewer than it made: no more than one second's).
+    assert t["lost_steps"] - t["last_second_steps"] <= g["lost_steps"] <= t["lost_steps"], (g, t)
+    assert g["lost_steps"] > 0, (g, t)
     assert g["tokens_per_s"] and g["tokens_per_s"] > 0
     assert g["mfu"] is None  # no GPU model to compare with: unknown, not zero
