@@ -27,7 +27,8 @@ from .deps import require_viewer
 from .routes_common import SessionDep
 
 STATIC = Path(__file__).with_name("static")
-OWN_FILES = {"app.js": "text/javascript", "app.css": "text/css", "favicon.svg": "image/svg+xml",
+OWN_FILES = {"app.js": "text/javascript", "dom.js": "text/javascript", "app.css": "text/css",
+             "favicon.svg": "image/svg+xml",
              "collectives.js": "text/javascript", "goodput.js": "text/javascript",
              "replay.js": "text/javascript", "pages.css": "text/css", "fleet.js": "text/javascript",
              "search.js": "text/javascript", "xid.js": "text/javascript", "gpu.js": "text/javascript"}
@@ -75,6 +76,7 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <header><a class="brand" href="/">gpufleet</a><nav>{nav}</nav><span id="status" class="muted"></span></header>
 <main id="app" data-config="{html.escape(json.dumps(cfg), quote=True)}"><p class="muted">Loading…</p></main>
 <script src="/static/uplot/{_uplot_js()}"></script>
+<script src="/static/dom.js?v={__version__}"></script>
 <script src="/static/auth/session.js?v={__version__}"></script>
 <script src="/static/collectives.js?v={__version__}"></script>
 <script src="/static/goodput.js?v={__version__}"></script>

@@ -13,25 +13,7 @@
   const REFRESH_MS = Math.max(2000, 1000 * (Number(new URLSearchParams(location.search).get("refresh")) || 15));
 
   // ---- DOM helpers -------------------------------------------------------------------
-  function h(tag, attrs, ...kids) {
-    const el = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k === "class") el.className = v;
-      else if (k === "style") Object.assign(el.style, v);
-      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-      else el.setAttribute(k, v === true ? "" : String(v));
-    }
-    append(el, kids);
-    return el;
-  }
-  function append(el, kids) {
-    for (const k of kids.flat(Infinity)) {
-      if (k === null || k === undefined || k === false) continue;
-      el.append(k instanceof Node ? k : document.createTextNode(String(k)));
-    }
-    return el;
-  }
+  const { h, append } = window.gpufleetDom; // api/static/dom.js
   const clear = (el) => { while (el.firstChild) el.removeChild(el.firstChild); return el; };
   const fill = (el, ...kids) => append(clear(el), kids);
   const enc = encodeURIComponent;

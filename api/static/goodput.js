@@ -5,20 +5,7 @@
 "use strict";
 (() => {
   const dash = "–";
-  function h(tag, attrs, ...kids) {
-    const el = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k === "class") el.className = v;
-      else if (k === "style") Object.assign(el.style, v);
-      else el.setAttribute(k, String(v));
-    }
-    for (const c of kids.flat(Infinity)) {
-      if (c === null || c === undefined || c === false) continue;
-      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-    }
-    return el;
-  }
+  const { h } = window.gpufleetDom; // api/static/dom.js
   const pct = (v) => (v === null || v === undefined ? dash : `${(100 * v).toFixed(1)}%`);
   const secs = (v) => {
     if (v === null || v === undefined) return dash;
