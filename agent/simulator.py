@@ -446,6 +446,51 @@ def hw_fault(ctx: GpuContext) -> dict[str, float]:
     return d
 
 
+def _draw_hung(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    # NCCL's spinning kernel holds a few SMs of 132 (1-3%); a kernel spinning on a flag more.
+    return {"at": r.uniform(300, 1500), "spin_sm": r.choice([r.uniform(0.008, 0.03), r.uniform(0.03, 0.15)]),
+            "power": r.uniform(95, 150), **_draw_llm(r, ctx)}
+
+
+def hung(ctx: GpuContext) -> dict[str, float]:
+    # A training job stuck in a collective (a peer died, a NCCL timeout set to hours): every rank
+    # keeps its kernel resident (NVML utilisation 100%), the SM activity is pinned at what the
+    # spin loop occupies, no tensor, DRAM or link traffic moves, clocks stay up, power flat.
+    p = _params("hung", ctx, _draw_hung)
+    if ctx.t < p["at"]:
+        return llm_pretrain(ctx)
+    d = _base(ctx, sm=p["spin_sm"], occ=0.02, tensor=0.0, dram=0.0, fb_gib=p["fb"], power=p["power"], fp32=0.0,
+              fp16=0.0, pcie_rx=2e4, pcie_tx=2e4, sd=0.001)
+    d["sm_active"] = d["gr_engine_active"] = max(0.004, p["spin_sm"] + ctx.rng.gauss(0, 0.001))
+    d["tensor_active"] = d["dram_active"] = d["mem_copy_util"] = 0.0
+    d["gpu_util"], d["sm_clock_mhz"], d["clock_event_reasons"] = 1.0, p["clock"], 0.0
+    d["power_w"] = p["power"] + ctx.rng.gauss(0, 1.5)
+    return _background(ctx, d, p)
+
+
+def _draw_pipe(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    # Pipeline parallel over the node's GPUs (stages x tensor-parallel pairs): a 1F1B schedule
+    # with m micro-batches runs at the pace of its heaviest stage, the others idle in the bubble.
+    # The middle stages hold equal transformer layers; the last adds the LM head and the loss
+    # (a large vocabulary makes it 15-50% heavier), the first only the embedding.
+    stages = 4 if ctx.n_gpus >= 4 else 2
+    load = [r.uniform(0.95, 1.0), *[1.0 + r.gauss(0, 0.01) for _ in range(stages - 2)], r.uniform(1.15, 1.5)]
+    load = [x / max(load) for x in load]
+    return {"stages": stages, "load": load, "micro": r.choice([16, 24, 32]), "sm": r.uniform(0.88, 0.97),
+            "tensor": r.uniform(0.35, 0.6), "fb": r.uniform(50, 76), **_healthy_extras(r, ctx)}
+
+
+def pipeline_imbalance(ctx: GpuContext) -> dict[str, float]:
+    p = _params("pipeline_imbalance", ctx, _draw_pipe)
+    n, m = p["stages"], p["micro"]
+    stage = min(n - 1, ctx.rank * n // max(1, ctx.n_gpus))
+    busy = m * p["load"][stage] / (m + n - 1)  # share of the step this stage computes
+    k = busy * _step_dip(ctx, p)
+    d = _base(ctx, sm=p["sm"] * k, occ=0.45 * k, tensor=p["tensor"] * k, dram=0.5 * k, fb_gib=p["fb"],
+              power=180 + 480 * k, nvlink=2e10)
+    return _background(ctx, d, p)
+
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in [
@@ -464,6 +509,8 @@ PROFILES: dict[str, Profile] = {
         Profile("throttled", frozenset({"throttled"}), throttled, max_gpus=8),
         Profile("oversized_allocation", frozenset({"oversized_allocation"}), oversized_allocation, min_gpus=4),
         Profile("hw_fault", frozenset({"hw_fault"}), hw_fault, min_gpus=8),
+        Profile("hung", frozenset({"hung"}), hung, min_gpus=8),
+        Profile("pipeline_imbalance", frozenset({"pipeline_imbalance"}), pipeline_imbalance, min_gpus=8),
     ]
 }
 
@@ -487,6 +534,8 @@ JOB_NAMES: dict[str, tuple[str, ...]] = {
     "throttled": ("sdxl-finetune", "llama2-13b-lora", "detr-coco"),
     "oversized_allocation": ("codegen-6b-ft", "opt-1.3b-ft", "gpt2-medium-ft"),
     "hw_fault": ("llama3-70b-dpo", "falcon-40b-sft", "mpt-30b-pt"),
+    "hung": ("llama3-8b-sft", "gemma2-27b-pt", "phi3-medium-sft"),
+    "pipeline_imbalance": ("gpt-neox-20b-pp", "bloom-7b-pp", "llama2-34b-pp"),
 }
 TEAMS = ("llm-core", "vision", "inference", "science", "recsys", "speech")
 FRAMEWORKS = ("pytorch", "jax", "deepspeed", "megatron")

@@ -17,7 +17,7 @@ from .conftest import T0
 
 # Smallest realistic size per profile keeps this fast (multi-node ones need two nodes).
 SIZE = {"llm_pretrain": 8, "multinode_dp": 16, "comm_bound": 16, "straggler": 8, "hw_fault": 8,
-        "oversized_allocation": 4}
+        "oversized_allocation": 4, "hung": 8, "pipeline_imbalance": 8}
 
 
 def _job(profile: str, minutes: float = 42, n: int | None = None, jid: str | None = None):  # type: ignore[no-untyped-def]
