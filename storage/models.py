@@ -2,7 +2,8 @@
 
 Times are unix epoch seconds (DOUBLE PRECISION): cheap to COPY, the same on SQLite and
 PostgreSQL, and Grafana's ``$__unixEpochFilter`` macros read them directly.
-The wide sample table gets one column per catalog field (``sample_columns``)."""
+Raw samples are compressed blocks (``gpu_sample_blocks``); the 1-minute rollups get one
+column per catalog field."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -126,18 +128,24 @@ class Allocation(Base):
     end_ts: Mapped[float | None] = mapped_column(Double)
 
 
-gpu_samples = Table(
-    "gpu_samples",
+# Raw samples: one row per (GPU, job, 10-minute window) of each write, the window's samples
+# as one compressed block (storage/sample_codec.py; written by storage/raw_samples.py, read
+# only through storage/raw_read.py). Blocks never cross a window, so t0 >= window start and
+# t1 < window end bound every lookup by (gpu_pk, t0) or (job_pk, t0).
+gpu_sample_blocks = Table(
+    "gpu_sample_blocks",
     Base.metadata,
-    Column("ts", Double, nullable=False),
     Column("gpu_pk", Integer, nullable=False),
     Column("job_pk", Integer, nullable=True),
-    *sample_columns(),
-    # No (gpu_pk, ts) index: nothing reads raw rows by GPU (migration 0005 says why).
-    Index("ix_gpu_samples_job_ts", "job_pk", "ts"),
-    # PostgreSQL: daily range partitions on ts (storage/partitions.py creates them ahead and
+    Column("t0", Double, nullable=False),
+    Column("t1", Double, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Index("ix_gpu_sample_blocks_gpu_t0", "gpu_pk", "t0"),
+    Index("ix_gpu_sample_blocks_job_t0", "job_pk", "t0"),
+    # PostgreSQL: daily range partitions on t0 (storage/retention.py creates them ahead and
     # drops them for retention); SQLite ignores this.
-    postgresql_partition_by="RANGE (ts)",
+    postgresql_partition_by="RANGE (t0)",
 )
 
 
@@ -252,6 +260,7 @@ job_samples_1m = Table(
 from gpufleet.storage import (  # noqa: E402
     alert_models,  # noqa: F401
     collectives_models,  # noqa: F401
+    feature_models,  # noqa: F401
     progress_models,  # noqa: F401
     session_models,  # noqa: F401
 )

@@ -8,8 +8,8 @@ The order of one write, and the module doing each step:
 2. the idempotency ledger decides which batches are new (``ledger``);
 3. nodes seen, GPUs, jobs (``dimensions``), with the checks that need the database's view;
 4. the rows of all new batches as one set of arrays, less the (GPU, ts) samples already
-   stored under another batch key (``unique_rows``): raw samples (``raw_samples`` +
-   ``copy_encoding``), 1-minute rollups (``rollups``), job times and allocations (``jobs``);
+   stored under another batch key (``unique_rows``): raw samples as compressed blocks
+   (``raw_samples`` + ``sample_codec``), 1-minute rollups (``rollups``), job times and allocations (``jobs``);
 5. every section writer in ``SECTION_WRITERS`` (events, and whatever new protocol sections
    add), each given the same ``WriteContext``.
 
@@ -34,6 +34,7 @@ from gpufleet.storage.events import write_events
 from gpufleet.storage.fields import NF
 from gpufleet.storage.jobs import allocations, close_stale_jobs, touch_jobs
 from gpufleet.storage.ledger import ledger_insert
+from gpufleet.storage.minute_features import fold_rows
 from gpufleet.storage.models import gpu_samples_1m, job_samples_1m
 from gpufleet.storage.prepared import BatchResult, Prepared, WriteResult
 from gpufleet.storage.progress_writes import write_progress_section
@@ -122,6 +123,7 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     # Rows by (GPU, time) (gpu_order): the GPU rollup and the allocation runs both walk it.
     if len(ts):
         _rollups(conn, ts, gpu_pk, job_pk, vals, gpu_order)
+        fold_rows(conn, ts, gpu_pk, job_pk, vals)  # minute features the analysis reads
         touch_jobs(conn, job_pk, ts, cache)
     allocations(conn, preps, active, cids, gids, jpks, ts, gpu_pk, job_pk, order=gpu_order, cache=cache, now=now)
 
