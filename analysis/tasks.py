@@ -1,13 +1,22 @@
 """Celery tasks (thin wrappers around ``runner.run_analysis``).
 
-``analyze_due_jobs`` runs from beat every 60 s; ``analyze_job(job_pk)`` analyzes one job on
-demand. Both are idempotent (the runner writes only what changed), so a redelivered message
-(acks_late: a worker killed mid-task) just redoes the work: each job is its own transaction,
-nothing half-written survives, and jobs not reached stay "due" for the next run.
+Beat sends ``analyze_due_jobs`` every ``analysis.interval_s`` (60 s). It only fans out: one
+``analyze_shard(shard, n_shards)`` per shard (``analysis.shards``, 8) and one
+``analyze_progress`` (the fleet-wide progress pass), so N workers share a pass. A shard task
+reads the due jobs and analyzes those whose stable hash (``analysis.shards.shard_of``) is its
+shard; ``analyze_job(job_pk)`` analyzes one job on demand.
 
-A Redis lock keeps two beat runs from analyzing the same fleet at once (a slow run is not
-doubled up by the next tick); it expires by itself, so a killed worker delays the next run by
-at most ``analysis.lock_ttl_s``. After a run that changed flags or reports the alerts engineer's
+Each shard holds its own Redis lock (``shard_lock_key``), refreshed after every job: a slow shard
+is not doubled by the next tick's message for it (that one returns "skipped"), and a killed
+worker stops refreshing, so its shard is redone within ``analysis.lock_ttl_s`` by whichever worker
+takes the next tick's message. The lock's value is the Celery task id: when the broker hands the
+same message back (acks_late + task_reject_on_worker_lost: the worker process died mid-task)
+the redelivered task takes its own lock over at once instead of waiting for it to expire.
+Everything is idempotent (the runner writes only what changed; each job is its own transaction),
+so redone work writes nothing twice, and jobs not reached stay due for the next run.
+
+Shards are not routed to particular workers (one queue): see docs/goodput.md, "Sharded analysis",
+for why. After a task that changed flags or reports the alerts engineer's
 ``gpufleet.alerts.evaluate_alerts`` is nudged, when that task exists.
 
 Settings come from the Celery app the tasks are bound to (``settings_of``)."""
@@ -17,6 +26,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from celery import shared_task
@@ -24,9 +34,16 @@ from sqlalchemy import Engine
 
 from gpufleet.settings import Settings, settings_of
 
+from .shards import shard_lock_key, shard_of
+
 log = logging.getLogger(__name__)
 
+# The fleet-wide part of a pass (the progress pass: it reads every job's progress at once).
 LOCK_KEY = "gpufleet:analysis:due-jobs"
+# Take the lock if free, or over if it holds our own token (our message, redelivered).
+_ACQUIRE = ("if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
+            "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 2 end "
+            "return 0")
 _REFRESH = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
@@ -65,38 +82,61 @@ def _cache(settings: Settings) -> Any:
     return _caches[mb]
 
 
-def _lock(settings: Settings) -> tuple[Any, str, int] | None:
-    """(redis client, token, ttl ms) when we hold the lock; None when another run holds it.
-    Without a Redis URL (eager mode, tests) there is nothing to coordinate with: always granted."""
+_clients: dict[str, Any] = {}
+
+
+def _redis(url: str) -> Any:
+    """One client (connection pool) per process and URL, not one per task."""
+    if url not in _clients:
+        import redis
+
+        _clients[url] = redis.Redis.from_url(url)
+    return _clients[url]
+
+
+@dataclass
+class Lock:
+    """A held Redis lock; ``client`` None when there is nothing to coordinate with (no Redis
+    URL: eager mode, tests), where every lock is granted."""
+
+    client: Any
+    key: str
+    token: str
+    ttl_ms: int
+    taken_over: bool = False
+
+    def refresh(self) -> None:
+        if self.client is not None:
+            self.client.eval(_REFRESH, 1, self.key, self.token, self.ttl_ms)
+
+    def release(self) -> None:
+        # Delete only our own lock (a run slower than the TTL must not free someone else's).
+        if self.client is not None:
+            self.client.eval(_RELEASE, 1, self.key, self.token)
+
+
+def acquire(settings: Settings, key: str, token: str | None) -> Lock | None:
+    """The lock ``key`` for ``token`` (the task id), or None while another task holds it.
+    A lock already holding ``token`` is ours from an earlier delivery of the same message
+    whose worker died: taken over (the broker redelivers a message only once its consumer is
+    gone, so that holder is not running any more)."""
     ttl_ms = int(settings.analysis.lock_ttl_s * 1000)
+    token = token or uuid.uuid4().hex
     url = settings.celery.redis_url
     if not url:
-        return (None, "", ttl_ms)
-    import redis
-
-    client = redis.Redis.from_url(url)
-    token = uuid.uuid4().hex
-    if client.set(LOCK_KEY, token, nx=True, px=ttl_ms):
-        return (client, token, ttl_ms)
-    return None
+        return Lock(None, key, token, ttl_ms)
+    got = int(_redis(url).eval(_ACQUIRE, 1, key, token, ttl_ms))
+    if not got:
+        return None
+    return Lock(_redis(url), key, token, ttl_ms, taken_over=got == 2)
 
 
-def _unlock(held: tuple[Any, str, int]) -> None:
-    client, token, _ = held
-    if client is None:
-        return
-    # Delete only our own lock (a run slower than the TTL must not free someone else's).
-    client.eval(_RELEASE, 1, LOCK_KEY, token)
-
-
-def _progress(held: tuple[Any, str, int]) -> Callable[[int], None]:
+def _progress(held: Lock) -> Callable[[int], None]:
     """After each job: keep the lock alive (a killed worker stops refreshing it, so the next
     run starts within the TTL), then the hooks."""
-    client, token, ttl_ms = held
 
     def done(job_pk: int) -> None:
-        if client is not None:
-            client.eval(_REFRESH, 1, LOCK_KEY, token, ttl_ms)
+        held.refresh()
         for hook in job_done_hooks:
             hook(job_pk)
 
@@ -106,16 +146,20 @@ def _progress(held: tuple[Any, str, int]) -> Callable[[int], None]:
 ALERTS_TASK = "gpufleet.alerts.evaluate_alerts"
 
 
-def _nudge_alerts(summary: Any) -> bool:
+def _nudge_alerts(changed: bool) -> bool:
     """Send the alerts task by name (analysis sits below alerts and does not import it),
-    only when the app knows it and this run changed something."""
-    if not (summary.job_pks_changed or summary.flags_opened or summary.flags_resolved):
+    only when the app knows it and this task changed something."""
+    if not changed:
         return False
     app = analyze_due_jobs.app
     if ALERTS_TASK not in app.tasks:
         return False
     app.send_task(ALERTS_TASK)
     return True
+
+
+def _changed(summary: Any) -> bool:
+    return bool(summary.job_pks_changed or summary.flags_opened or summary.flags_resolved)
 
 
 def _result(summary: Any) -> dict[str, Any]:
@@ -125,23 +169,72 @@ def _result(summary: Any) -> dict[str, Any]:
     return d
 
 
+def _expires(settings: Settings) -> float:
+    """A pass's messages expire before the next tick: a backlog (workers down for an hour) is
+    not replayed, the next tick catches up anyway (the same rule as beat's own message)."""
+    return max(1.0, settings.analysis.interval_s * 0.9)
+
+
 @shared_task(name="gpufleet.analysis.analyze_due_jobs", ignore_result=True)
 def analyze_due_jobs(now: float | None = None) -> dict[str, Any]:
-    from gpufleet.analysis.runner import run_analysis
+    """One pass: a message per shard and one for the progress pass, nothing analyzed here."""
+    settings = _settings()
+    n = settings.analysis.shards
+    expires = _expires(settings)
+    for shard in range(n):
+        analyze_shard.apply_async((shard, n, now), expires=expires)
+    analyze_progress.apply_async((now,), expires=expires)
+    return {"shards": n}
+
+
+@shared_task(name="gpufleet.analysis.analyze_shard", bind=True, ignore_result=True)
+def analyze_shard(self: Any, shard: int, n_shards: int, now: float | None = None) -> dict[str, Any]:
+    """The due jobs of one shard (read when the task runs, so a late or redelivered message
+    sees what is due now, not what was due when it was sent)."""
+    from gpufleet.analysis.runner import due_jobs, run_analysis
+
+    shard, n_shards = int(shard), int(n_shards)
+    if not 0 <= shard < n_shards:
+        raise ValueError(f"shard {shard} is not in 0..{n_shards - 1}")
+    settings = _settings()
+    held = acquire(settings, shard_lock_key(shard, n_shards), self.request.id)
+    if held is None:
+        return {"shard": shard, "n_shards": n_shards, "skipped": "another task holds this shard's lock"}
+    try:
+        engine = _engine_for_process(settings)
+        with engine.connect() as conn:
+            mine = [pk for pk in due_jobs(conn) if shard_of(pk, n_shards) == shard]
+        summary = run_analysis(engine, now=now, job_pks=mine, thresholds=_thresholds(settings),
+                               cache=_cache(settings), on_job_done=_progress(held)) if mine else None
+    finally:
+        held.release()
+    out: dict[str, Any] = {"shard": shard, "n_shards": n_shards, "taken_over": held.taken_over}
+    if summary is not None:
+        out |= _result(summary)
+    out["alerts_nudged"] = _nudge_alerts(summary is not None and _changed(summary))
+    log.info("analysis shard %d/%d: %s", shard, n_shards,
+             {k: v for k, v in out.items() if k not in ("job_pks_changed", "shard", "n_shards")})
+    return out
+
+
+@shared_task(name="gpufleet.analysis.analyze_progress", bind=True, ignore_result=True)
+def analyze_progress(self: Any, now: float | None = None) -> dict[str, Any]:
+    """The fleet-wide progress pass (docs/progress.md), under its own lock."""
+    import time
+
+    from gpufleet.analysis.progress.flags import run_progress_pass
 
     settings = _settings()
-    held = _lock(settings)
+    held = acquire(settings, LOCK_KEY, self.request.id)
     if held is None:
-        return {"skipped": "another analysis run holds the lock"}
+        return {"skipped": "another progress pass holds the lock"}
     try:
-        summary = run_analysis(_engine_for_process(settings), now=now, thresholds=_thresholds(settings),
-                               cache=_cache(settings), on_job_done=_progress(held))
+        pp = run_progress_pass(_engine_for_process(settings), time.time() if now is None else now)
     finally:
-        _unlock(held)
-    out = _result(summary)
-    out["alerts_nudged"] = _nudge_alerts(summary)
-    log.info("analysis: %s", {k: v for k, v in out.items() if k != "job_pks_changed"})
-    return out
+        held.release()
+    changed = bool(pp.opened or pp.resolved or pp.changed)
+    return {"jobs": pp.jobs, "flags_opened": pp.opened, "flags_resolved": pp.resolved,
+            "errors": pp.errors[:20], "alerts_nudged": _nudge_alerts(changed)}
 
 
 @shared_task(name="gpufleet.analysis.analyze_job", ignore_result=True)
@@ -152,5 +245,5 @@ def analyze_job(job_pk: int, now: float | None = None) -> dict[str, Any]:
     summary = run_analysis(_engine_for_process(settings), now=now, job_pks=[int(job_pk)],
                            thresholds=_thresholds(settings), cache=_cache(settings))
     out = _result(summary)
-    out["alerts_nudged"] = _nudge_alerts(summary)
+    out["alerts_nudged"] = _nudge_alerts(_changed(summary))
     return out
