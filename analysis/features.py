@@ -12,32 +12,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# Raw columns the features need (catalog names).
-RAW_FIELDS: tuple[str, ...] = (
-    "sm_active", "sm_occupancy", "tensor_active", "dram_active", "gpu_util", "fp32_active", "fp64_active",
-    "power_w", "sm_clock_mhz", "clock_event_reasons", "fb_used_bytes", "fb_total_bytes",
-    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "ib_tx_bytes_s", "ib_rx_bytes_s", "pcie_rx_bytes_s",
-    "xid_last", "ecc_dbe_volatile", "row_remap_failure", "nvlink_error_count", "pcie_replay_count",
-)
+# The feature catalog is storage's (storage.minute_features folds the same features at ingest).
+from gpufleet.storage.minute_features import HIST_BINS as HIST_BINS
+from gpufleet.storage.minute_features import HIST_FIELDS as HIST_FIELDS
+from gpufleet.storage.minute_features import MAX_OF as MAX_OF
+from gpufleet.storage.minute_features import MEAN_OF as MEAN_OF
+from gpufleet.storage.minute_features import MIN_OF as MIN_OF
+from gpufleet.storage.minute_features import RAW_FIELDS as RAW_FIELDS  # the raw columns the fold reads
+from gpufleet.storage.minute_features import READ_COLUMNS as READ_COLUMNS
 
-# Per-minute means of these raw columns (feature name -> column).
-MEAN_OF = {
-    "sm": "sm_active", "occ": "sm_occupancy", "tensor": "tensor_active", "dram": "dram_active",
-    "gpu_util": "gpu_util", "fp32": "fp32_active", "fp64": "fp64_active", "power": "power_w",
-    "clock": "sm_clock_mhz", "nvl_tx": "nvlink_tx_bytes_s", "nvl_rx": "nvlink_rx_bytes_s",
-    "ib_tx": "ib_tx_bytes_s", "ib_rx": "ib_rx_bytes_s", "pcie_rx": "pcie_rx_bytes_s",
-}
-MAX_OF = {
-    "fb_used_max": "fb_used_bytes", "fb_total": "fb_total_bytes", "xid_max": "xid_last",
-    "ecc_max": "ecc_dbe_volatile", "remap_max": "row_remap_failure", "nvl_err_max": "nvlink_error_count",
-    "replay_max": "pcie_replay_count",
-}
-MIN_OF = {"ecc_min": "ecc_dbe_volatile", "nvl_err_min": "nvlink_error_count", "replay_min": "pcie_replay_count"}
 # Features only raw samples give (the 1-minute rollups cannot): NaN for rollup-filled minutes.
-BUSY_FEATURES = ("busy_frac", "trans", "busy_sm", "clock_busy", "throttle_frac")
-
-HIST_FIELDS = {"sm_active": "sm", "sm_occupancy": "occ", "tensor_active": "tensor", "dram_active": "dram"}
-HIST_BINS = 100  # ratios in 0.01 steps: p50/p95 exact to a percentage point
+BUSY_FEATURES = ("busy_frac", "trans", "busy_sm", "clock_busy", "throttle_frac", "reasons_or")
 
 ALL_FEATURES: tuple[str, ...] = (*MEAN_OF, *MAX_OF, *MIN_OF, *BUSY_FEATURES, "xid_crit", "nb")
 
@@ -172,10 +157,13 @@ def minute_features(
                                            np.nan))
         reasons = col("clock_event_reasons")
         rok = busy & ~np.isnan(reasons)
-        thr = rok & ((np.where(rok, reasons, 0).astype(np.int64) & throttle_mask) != 0)
+        bits = np.where(rok, reasons, 0).astype(np.int64) & throttle_mask
+        thr = rok & (bits != 0)
         nrb = _segment_sum(rok.astype(np.float64), starts)
         nthr = _segment_sum(thr.astype(np.float64), starts)
         out["throttle_frac"] = place(np.where(nrb > 0, nthr / np.maximum(nrb, 1), np.nan))
+        # which throttle reasons (bits) were set while busy, so a flag names the measured cause
+        out["reasons_or"] = place(np.where(nrb > 0, np.bitwise_or.reduceat(bits, starts), np.nan))
     xid = col("xid_last")
     if not xid.any():
         out["xid_crit"] = np.where(n_mask, 0.0, np.nan)
@@ -235,3 +223,64 @@ def hist_quantile(h: np.ndarray, q: float) -> float | None:
     before = float(cum[i - 1]) if i > 0 else 0.0
     inside = float(h[i]) or 1.0
     return round((i + (target - before) / inside) / HIST_BINS, 4)
+
+
+def from_states(data: np.ndarray, gpu_pks: list[int]) -> MinuteFeatures:
+    """MinuteFeatures from stored ingest-fold states (rows of ``READ_COLUMNS``, as
+    ``storage.minute_features.read_states`` returns them), GPUs in ``gpu_pks`` order. The same
+    arithmetic as ``minute_features`` on the sums and counts, so a minute folded in one batch
+    gives the reference's value bit for bit (merged batches: to float rounding)."""
+    g = len(gpu_pks)
+    if not len(data):
+        return MinuteFeatures.empty(g)
+    c = {name: data[:, i] for i, name in enumerate(READ_COLUMNS)}
+    minute = np.floor(c["bucket"] / 60.0 + 0.5).astype(np.int64)
+    b0 = int(minute.min())
+    m_total = int(minute.max()) - b0 + 1
+    order = np.asarray(gpu_pks, dtype=np.int64)
+    srt = np.argsort(order, kind="stable")
+    gi = srt[np.searchsorted(order[srt], c["gpu_pk"].astype(np.int64))]
+    mi = minute - b0
+
+    def place(values: np.ndarray) -> np.ndarray:
+        out = np.full((g, m_total), np.nan)
+        out[gi, mi] = values
+        return out
+
+    def ratio(num: np.ndarray, den: np.ndarray, min_den: float = 0.0) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return place(np.where(den > min_den, num / np.maximum(den, 1), np.nan))
+
+    f: dict[str, np.ndarray] = {}
+    for feat in MEAN_OF:
+        f[feat] = ratio(c[f"{feat}_sum"], c[f"{feat}_n"])
+    for feat in (*MAX_OF, *MIN_OF):
+        f[feat] = place(c[feat])
+    f["busy_frac"] = ratio(c["nb"], c["nsm"])
+    f["trans"] = place(np.where(c["nsm"] > 1, c["trans"], np.nan))
+    f["busy_sm"] = ratio(c["busy_sm_sum"], c["nb"])
+    f["clock_busy"] = ratio(c["clock_busy_sum"], c["ncb"])
+    f["throttle_frac"] = ratio(c["nthr"], c["nrb"])
+    f["reasons_or"] = place(np.where(c["nrb"] > 0, c["reasons_or"], np.nan))
+    f["xid_crit"] = place(c["xid_crit"])
+    f["nb"] = place(c["nb"])
+    n = np.zeros((g, m_total))
+    n[gi, mi] = c["n"]
+    return MinuteFeatures(b0=b0, n=n, f={k: f[k] for k in ALL_FEATURES}, interval_s=state_interval(c, gi))
+
+
+def state_interval(c: dict[str, np.ndarray], gi: np.ndarray) -> float:
+    """The agent's sample interval from stored minutes: the median over GPU-minutes of their
+    mean spacing ((last - first) / (n - 1)); where no minute holds two samples (sampling at
+    60 s or slower), the median gap between a GPU's consecutive minutes. Rounded to 0.1 s,
+    like ``minute_features``."""
+    n = c["n"]
+    multi = n > 1
+    if multi.any():
+        sp = (c["last_ts"][multi] - c["first_ts"][multi]) / (n[multi] - 1)
+    else:
+        order = np.lexsort((c["first_ts"], gi))
+        same = gi[order][1:] == gi[order][:-1]
+        sp = (c["first_ts"][order][1:] - c["last_ts"][order][:-1])[same]
+    sp = sp[sp > 0]
+    return max(0.1, round(float(np.median(sp)), 1)) if len(sp) else 1.0

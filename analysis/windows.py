@@ -36,6 +36,7 @@ class WindowFeatures:
     busy_sm: np.ndarray  # sm_active while busy
     clock_busy: np.ndarray  # SM clock while busy
     throttle_frac: np.ndarray  # share of busy samples with a throttle reason
+    throttle_reasons: np.ndarray  # throttle reason bits (clock_event_reasons) seen while busy, OR-ed; 0 = none
     trans_rate: np.ndarray  # busy<->idle switches per minute
     fb_used_max: np.ndarray  # bytes
     fb_total: np.ndarray  # bytes
@@ -99,6 +100,8 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -
     trans_minutes = wsum((~np.isnan(f["trans"])).astype(np.float64), w)
     with np.errstate(invalid="ignore", divide="ignore"):
         out["trans_rate"] = np.where(trans_minutes > 0, wsum(f["trans"], w) / np.maximum(trans_minutes, 1), np.nan)
+    bits = _reshape(np.nan_to_num(f["reasons_or"]).astype(np.int64), w, 0)
+    out["throttle_reasons"] = np.bitwise_or.reduce(bits, axis=2).astype(np.float64)
     out["fb_used_max"] = wmax(f["fb_used_max"], w)
     out["fb_total"] = wmax(f["fb_total"], w)
     obs = np.minimum(wsum(n, w) * feats.interval_s, w * 60.0)

@@ -24,12 +24,12 @@ SOURCES = {"hardware": "analysis/detectors", "progress": "analysis/progress/dete
 SEVERITIES = ("info", "warning", "critical")
 WORKLOAD_CLASSES = ("training", "serving", "batch_inference", "interactive", "hpc")
 UNITS = ("ratio", "count", "minutes", "seconds", "MHz", "W", "GiB", "bytes", "bytes/s", "per_minute", "text",
-         "list", "map")
+         "list", "map", "xid")
 _PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_KIND_KEYS = {"name", "source", "scope", "severity", "title", "summary", "suggestion", "suggestion_by_class", "waste",
-              "docs",
-              "evidence"}
+_KIND_KEYS = {"name", "source", "scope", "severity", "title", "summary", "suggestion", "suggestion_by_class",
+              "suggestion_by_cause", "waste", "docs", "evidence"}
+_OPTIONAL_KIND_KEYS = {"suggestion_by_class", "suggestion_by_cause"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,10 @@ class EvidenceField:
     label: str
     unit: str
     meaning: str
+    of: str = ""  # a list's or map's values: their unit ("" = mixed or the items' own keys say)
+
+    def as_json(self) -> dict[str, str]:
+        return {"label": self.label, "unit": self.unit, "meaning": self.meaning, **({"of": self.of} if self.of else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,9 @@ class FlagKind:
     waste: str
     docs: str
     evidence: tuple[EvidenceField, ...]
+    # the advice for the cause the detector measured (evidence key "cause"), e.g. throttled's
+    # thermal vs power cap: it beats the per-class advice, which beats the default
+    suggestion_by_cause: tuple[tuple[str, str], ...] = ()
 
     def suggestion_with(self, evidence: dict[str, Any], workload_class: str | None = None) -> str:
         """The suggestion with its ``{evidence_key}`` placeholders filled from the evidence
@@ -71,24 +78,38 @@ class FlagKind:
                 return f"{v:,.0f}"
             return f"{v:.3g}"
 
-        return _PLACEHOLDER.sub(value, self.suggestion_for(workload_class))
+        cause = evidence.get("cause")
+        return _PLACEHOLDER.sub(value, self.suggestion_for(workload_class, cause if isinstance(cause, str) else None))
 
-    def suggestion_for(self, workload_class: str | None) -> str:
-        """The advice that fits the workload (a serving replica is not told to fix its DataLoader)."""
+    def suggestion_for(self, workload_class: str | None, cause: str | None = None) -> str:
+        """The advice that fits the measured cause (thermal throttling is not told to raise the
+        power cap), else the workload (a serving replica is not told to fix its DataLoader)."""
+        by_cause = dict(self.suggestion_by_cause)
+        if cause and cause in by_cause:
+            return by_cause[cause]
         return dict(self.suggestion_by_class).get(workload_class or "", self.suggestion)
+
+    @property
+    def suggestions(self) -> tuple[str, ...]:
+        """Every suggestion text the kind may give."""
+        return (self.suggestion, *(s for _, s in self.suggestion_by_class), *(s for _, s in self.suggestion_by_cause))
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "source": self.source, "scope": self.scope, "severity": self.severity,
                 "title": self.title,
                 "summary": self.summary, "suggestion": self.suggestion,
-                "suggestion_by_class": dict(self.suggestion_by_class), "waste": self.waste, "docs": self.docs,
-                "evidence": {e.key: {"label": e.label, "unit": e.unit, "meaning": e.meaning} for e in self.evidence}}
+                "suggestion_by_class": dict(self.suggestion_by_class),
+                "suggestion_by_cause": dict(self.suggestion_by_cause), "waste": self.waste, "docs": self.docs,
+                "evidence": {e.key: e.as_json() for e in self.evidence}}
 
 
 @dataclass(frozen=True, slots=True)
 class FlagKinds:
     kinds: tuple[FlagKind, ...]
     common_evidence: tuple[EvidenceField, ...]
+    # keys inside evidence lists of objects and maps (hw_fault's per-GPU items, a port's
+    # counters): the same label/unit/meaning, so no page shows a raw key
+    item_evidence: tuple[EvidenceField, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -113,10 +134,13 @@ class FlagKinds:
                 return e
         return None
 
+    def item_field(self, key: str) -> EvidenceField | None:
+        return next((e for e in self.item_evidence if e.key == key), None)
+
     def as_json(self) -> dict[str, Any]:
         return {"kinds": [k.as_json() for k in self.kinds],
-                "common_evidence": {e.key: {"label": e.label, "unit": e.unit, "meaning": e.meaning}
-                                    for e in self.common_evidence},
+                "common_evidence": {e.key: e.as_json() for e in self.common_evidence},
+                "item_evidence": {e.key: e.as_json() for e in self.item_evidence},
                 "severities": list(SEVERITIES), "workload_classes": list(WORKLOAD_CLASSES)}
 
 
@@ -125,11 +149,16 @@ def _evidence(d: Any, where: str) -> tuple[EvidenceField, ...]:
         raise ValueError(f"{where}: expected a table of evidence keys")
     out = []
     for key, spec in d.items():
-        if not isinstance(spec, dict) or set(spec) != {"label", "unit", "meaning"}:
-            raise ValueError(f"{where}.{key}: expected {{ label, unit, meaning }}")
-        if spec["unit"] not in UNITS:
-            raise ValueError(f"{where}.{key}: unit {spec['unit']!r} is not one of {list(UNITS)}")
-        out.append(EvidenceField(key, str(spec["label"]), str(spec["unit"]), str(spec["meaning"])))
+        if not isinstance(spec, dict) or not {"label", "unit", "meaning"} <= set(spec) <= {"label", "unit", "meaning",
+                                                                                           "of"}:
+            raise ValueError(f"{where}.{key}: expected {{ label, unit, meaning }} (and, for a list or map, of)")
+        for u in (spec["unit"], spec.get("of", "ratio")):
+            if u not in UNITS:
+                raise ValueError(f"{where}.{key}: unit {u!r} is not one of {list(UNITS)}")
+        if "of" in spec and spec["unit"] not in ("list", "map"):
+            raise ValueError(f"{where}.{key}: 'of' (the values' unit) applies to a list or map only")
+        out.append(EvidenceField(key, str(spec["label"]), str(spec["unit"]), str(spec["meaning"]),
+                                 str(spec.get("of", ""))))
     return tuple(out)
 
 
@@ -139,7 +168,7 @@ def _kind(d: Any, i: int) -> FlagKind:
         raise ValueError(f"{where}: expected a table")
     where = f"flag kind {d.get('name', '#' + str(i + 1))!r}"
     unknown = set(d) - _KIND_KEYS
-    missing = (_KIND_KEYS - {"suggestion_by_class"}) - set(d)
+    missing = (_KIND_KEYS - _OPTIONAL_KIND_KEYS) - set(d)
     if unknown or missing:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
     if not _NAME.match(str(d["name"])):
@@ -154,15 +183,20 @@ def _kind(d: Any, i: int) -> FlagKind:
     bad = sorted(set(by_class) - set(WORKLOAD_CLASSES))
     if bad:
         raise ValueError(f"{where}: suggestion_by_class has unknown workload classes {bad}")
+    by_cause = d.get("suggestion_by_cause") or {}
+    bad = sorted(c for c in by_cause if not _NAME.match(str(c)))
+    if bad:
+        raise ValueError(f"{where}: suggestion_by_cause keys must be lower_snake_case: {bad}")
     declared = set(d["evidence"]) if isinstance(d["evidence"], dict) else set()
-    for text in (d["suggestion"], *by_class.values()):
+    for text in (d["suggestion"], *by_class.values(), *by_cause.values()):
         undeclared = sorted(set(_PLACEHOLDER.findall(str(text))) - declared)
         if undeclared:
             raise ValueError(f"{where}: suggestion placeholders {undeclared} are not evidence keys of the kind")
     return FlagKind(str(d["name"]), str(d["source"]), str(d["scope"]), str(d["severity"]), str(d["title"]),
                     str(d["summary"]),
                     str(d["suggestion"]), tuple((str(k), str(v)) for k, v in by_class.items()), str(d["waste"]),
-                    str(d["docs"]), _evidence(d["evidence"], f"{where}.evidence"))
+                    str(d["docs"]), _evidence(d["evidence"], f"{where}.evidence"),
+                    tuple((str(k), str(v)) for k, v in by_cause.items()))
 
 
 def parse_flag_kinds(text: str) -> FlagKinds:
@@ -174,7 +208,8 @@ def parse_flag_kinds(text: str) -> FlagKinds:
         raise ValueError(f"flag kinds defined twice: {dup}")
     if not kinds:
         raise ValueError("the flag-kind registry defines no [[kind]]")
-    return FlagKinds(kinds, _evidence(raw.get("common_evidence") or {}, "common_evidence"))
+    return FlagKinds(kinds, _evidence(raw.get("common_evidence") or {}, "common_evidence"),
+                     _evidence(raw.get("item_evidence") or {}, "item_evidence"))
 
 
 @cache

@@ -259,7 +259,7 @@ def make_finding(job: JobView, kind: str, cfg: KindConfig, det: Detection, claim
                 "judged_minutes": round(det.judged_s / 60, 1), "episodes": len(det.episodes),
                 "longest_episode_minutes": round(longest / 60, 1), "confidence": conf, "judged_from": basis}
     return Finding(kind, scope, sev, start, end, det.ongoing, round(wasted, 4), evidence,
-                   spec.suggestion_for(job.ctx.workload_class), claim, em)
+                   spec.suggestion_for(job.ctx.workload_class, evidence.get("cause")), claim, em)
 
 
 def confidence(job: JobView, em: np.ndarray) -> tuple[str, list[str]]:

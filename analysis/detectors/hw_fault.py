@@ -16,6 +16,22 @@ from .base import Finding, Found, JobView, Signals
 KIND = "hw_fault"
 SIGNALS = Signals()  # error counters and agent events, whatever else is measured
 
+# What was seen on a GPU -> the cause whose suggestion fits (registry: suggestion_by_cause),
+# most serious first: a node's finding names the most serious cause any of its GPUs shows.
+CAUSE_XIDS = {79: "fell_off_bus", 64: "row_remap", 63: "row_remap", 48: "memory_ecc", 94: "memory_ecc",
+              95: "memory_ecc", 140: "memory_ecc", 92: "memory_ecc", 74: "nvlink", 119: "gsp", 120: "gsp"}
+CAUSE_KEYS = {"event_fell_off_bus": "fell_off_bus", "row_remap_failure": "row_remap",
+              "event_row_remap_failure": "row_remap", "ecc_dbe_new": "memory_ecc", "event_ecc_dbe": "memory_ecc",
+              "nvlink_errors_new": "nvlink", "event_nvlink_error": "nvlink", "pcie_replays_new": "pcie"}
+CAUSE_ORDER = ("fell_off_bus", "row_remap", "memory_ecc", "nvlink", "gsp", "pcie")
+
+
+def cause_of(items: list[dict[str, Any]]) -> str | None:
+    """The most serious cause among the faulty GPUs' findings (None: nothing this table knows)."""
+    found = {CAUSE_KEYS[k] for it in items for k in it if k in CAUSE_KEYS}
+    found |= {CAUSE_XIDS[it["xid"]] for it in items if it.get("xid") in CAUSE_XIDS}
+    return next((c for c in CAUSE_ORDER if c in found), None)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Config(KindConfig):
@@ -76,8 +92,9 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
         if not rows:
             continue
         start = min(first[i] or ctx.last_ts for i in rows)
-        evidence = {"gpus": [{"gpu_uuid": ctx.gpu_uuids[i], **per_gpu[i]} for i in rows][:16],
-                    "critical_xids": sorted(crit)}
+        items = [{"gpu_uuid": ctx.gpu_uuids[i], **per_gpu[i]} for i in rows][:16]
+        cause = cause_of(items)
+        evidence: dict[str, Any] = {"gpus": items, "critical_xids": sorted(crit), **({"cause": cause} if cause else {})}
         out.append(Finding(KIND, node, cfg.severity or spec.severity, max(ctx.first_ts, start), ctx.last_ts, True,
-                           0.0, evidence, spec.suggestion_for(ctx.workload_class)))
+                           0.0, evidence, spec.suggestion_for(ctx.workload_class, cause)))
     return out

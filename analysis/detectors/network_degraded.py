@@ -17,6 +17,9 @@ from . import collective_slow
 from .base import Finding, Found, JobView, r3
 
 KIND = "network_degraded"
+# The NIC evidence's basis -> the cause whose suggestion fits (registry: suggestion_by_cause),
+# strongest first (a port that left ACTIVE explains a rate drop and the waits).
+CAUSES = (("port_state", "port_down"), ("link_rate", "link_rate"), ("xmit_wait", "congestion"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +51,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
         if c is None or c.node in by_node:
             continue
         ev = c.nic_evidence
+        cause = next((name for basis, name in CAUSES if ev is not None and basis in ev.basis), None)
         evidence = {"nic": c.nic, "rank": c.rank, "gpu_uuid": c.gpu_uuid,
                     "late_exec_ratio": r3(c.exec_ratio) if c.exec_ratio is not None else None,
                     "link_rate_bytes_s": ev.rate_gbps * 1e9 / 8 if ev and ev.rate_gbps else None,
@@ -57,7 +61,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
                     if ev and ev.xmit_wait_before_per_s is not None else None,
                     "port_state": ev.state if ev else None, **collective_slow.series_evidence(ep),
                     "confidence": c.confidence, "judged_from": c.basis,
-                    "flagged_minutes": round((ep.end - ep.start) / 60, 1)}
+                    "flagged_minutes": round((ep.end - ep.start) / 60, 1), **({"cause": cause} if cause else {})}
         by_node[c.node] = Finding(KIND, c.node, cfg.severity or spec.severity, max(job.ctx.first_ts, ep.start), ep.end,
-                                  ep.ongoing, 0.0, evidence, spec.suggestion_for(job.ctx.workload_class))
+                                  ep.ongoing, 0.0, evidence, spec.suggestion_for(job.ctx.workload_class, cause))
     return list(by_node.values())

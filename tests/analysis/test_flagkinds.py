@@ -91,7 +91,7 @@ def test_every_kind_has_one_detector_where_its_source_says_and_one_thresholds_se
 def test_titles_and_suggestions_live_in_one_file() -> None:
     files = _product_files()
     for k in flag_kinds().kinds:
-        for text in (k.title, k.suggestion, *(s for _, s in k.suggestion_by_class)):
+        for text in (k.title, *k.suggestions):
             # Titles are short ("Straggler"): match them as quoted strings; suggestions anywhere.
             needle = re.compile(re.escape(f'"{text}"')) if text == k.title else re.compile(re.escape(text))
             where = [rel for rel, body in files if needle.search(body)]
@@ -119,7 +119,7 @@ def test_every_evidence_key_is_declared(profile: str) -> None:
     for f in res.findings:
         undeclared = [k for k in f.evidence if reg.evidence_field(f.kind, k) is None]
         assert undeclared == [], f"{f.kind} writes evidence keys the registry does not declare: {undeclared}"
-        assert f.suggestion in (reg.get(f.kind).suggestion, *dict(reg.get(f.kind).suggestion_by_class).values())
+        assert f.suggestion in reg.get(f.kind).suggestions
 
 
 def _entry(**over: str) -> str:

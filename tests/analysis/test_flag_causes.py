@@ -1,0 +1,87 @@
+"""The suggestion names the cause that was measured: the throttled flag tells a hot node to check
+its cooling and a power-capped one to check its power limit (the clock-event reasons decide),
+hw_fault names what the GPU reported, link_errors the counter that grew, network_degraded the
+NIC evidence. Every cause a detector can pick has its own suggestion in the registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from simjobs import analyze_data, generate
+
+from gpufleet.agent.simulator import make_job
+from gpufleet.analysis.collectives.detect import ErrorPort
+from gpufleet.analysis.detectors import hw_fault, link_errors, network_degraded, throttled
+from gpufleet.flagkinds import flag_kinds
+
+from .conftest import T0
+
+
+@pytest.mark.parametrize(("module", "causes"), [
+    (throttled, {c for c, _ in throttled.CAUSES}),
+    (hw_fault, set(hw_fault.CAUSE_ORDER) | set(hw_fault.CAUSE_XIDS.values()) | set(hw_fault.CAUSE_KEYS.values())),
+    (link_errors, set(link_errors.CAUSE_OF_COUNTER.values())),
+    (network_degraded, {c for _, c in network_degraded.CAUSES}),
+])
+def test_every_cause_a_detector_can_pick_has_its_own_suggestion(module, causes) -> None:
+    spec = flag_kinds().get(module.KIND)
+    by_cause = dict(spec.suggestion_by_cause)
+    assert causes and causes <= set(by_cause), f"{module.KIND}: no suggestion for {causes - set(by_cause)}"
+    assert len(set(by_cause.values())) == len(by_cause), "two causes share one text"
+    assert spec.suggestion not in by_cause.values()
+    assert flag_kinds().evidence_field(module.KIND, "cause") is not None  # labelled on every page
+
+
+def test_throttle_cause_is_the_reason_set_most_often_with_hw_slowdown_deferring() -> None:
+    assert throttled.measured_cause(np.array([0x40 | 0x8, 0x40 | 0x8, 0x4])) == ("thermal",
+                                                                               ["hw_slowdown", "hw_thermal",
+                                                                                "sw_power_cap"])
+    assert throttled.measured_cause(np.array([0x4, 0x4, 0x20]))[0] == "power_cap"
+    assert throttled.measured_cause(np.array([0x80 | 0x8]))[0] == "power_brake"
+    # HW slowdown alone is its own cause; beside a thermal reason it is that reason's symptom
+    assert throttled.measured_cause(np.array([0x8, 0x8]))[0] == "hw_slowdown"
+    assert throttled.measured_cause(np.array([0x8, 0x8, 0x40 | 0x8]))[0] == "hw_slowdown"
+    assert throttled.measured_cause(np.array([0.0, 0.0])) == (None, [])
+    assert throttled.measured_cause(np.array([])) == (None, [])
+
+
+@pytest.mark.parametrize(("bits", "cause"), [(0x40 | 0x8, "thermal"), (0x20, "thermal"), (0x4, "power_cap"),
+                                             (0x80 | 0x8, "power_brake"), (0x8, "hw_slowdown")])
+def test_throttled_job_gets_the_suggestion_for_its_measured_reasons(bits: int, cause: str) -> None:
+    d = generate(make_job("throttled", "thr-cause", 2, T0 + 17.25, 42 * 60))
+    reasons = d.cols["clock_event_reasons"]
+    busy = reasons > 1  # the simulator reports 0x1 (idle) when idle; rewrite every throttled sample
+    d.cols["clock_event_reasons"] = np.where(busy, float(bits), reasons)
+    f = next(f for f in analyze_data(d).findings if f.kind == "throttled")
+    spec = flag_kinds().get("throttled")
+    assert f.evidence["cause"] == cause
+    assert f.suggestion == dict(spec.suggestion_by_cause)[cause]
+    assert set(f.evidence["throttle_reasons"]) == {n for b, n in throttled.REASONS.items() if bits & b}
+
+
+def test_throttled_without_reason_bits_keeps_the_general_suggestion() -> None:
+    spec = flag_kinds().get("throttled")
+    assert spec.suggestion_for(None, None) == spec.suggestion
+    assert spec.suggestion_for(None, "not_a_cause") == spec.suggestion
+    assert spec.suggestion_with({"cause": "power_cap"}) == dict(spec.suggestion_by_cause)["power_cap"]
+
+
+def test_hw_fault_names_the_most_serious_fault_of_the_node() -> None:
+    assert hw_fault.cause_of([{"xid": 64, "row_remap_failure": 1}]) == "row_remap"
+    assert hw_fault.cause_of([{"pcie_replays_new": 9}, {"xid": 79}]) == "fell_off_bus"
+    assert hw_fault.cause_of([{"ecc_dbe_new": 2}]) == "memory_ecc"
+    assert hw_fault.cause_of([{"xid": 999}]) is None
+    d = generate(make_job("hw_fault", "hw-cause", 8, T0 + 17.25, 42 * 60))
+    f = next(f for f in analyze_data(d).findings if f.kind == "hw_fault")
+    assert f.suggestion == dict(flag_kinds().get("hw_fault").suggestion_by_cause)[f.evidence["cause"]]
+
+
+def _port(**counters: float) -> ErrorPort:
+    return ErrorPort("n1", "mlx5_0/1", sum(counters.values()), counters, 0.0, 1.0)
+
+
+def test_link_errors_cause_is_link_down_first_then_the_counter_that_grew_most() -> None:
+    assert link_errors.cause_of([_port(symbol_error=500, link_downed=1)]) == "link_down"
+    assert link_errors.cause_of([_port(symbol_error=5), _port(packet_seq_err=40)]) == "roce_sequence"
+    assert link_errors.cause_of([_port(excessive_buffer_overrun_errors=3)]) == "buffer_overrun"
+    assert link_errors.cause_of([_port(unknown_counter=3)]) is None
