@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from gpufleet.protocol import Event, GpuInfo, JobInfo
 
+from .sim_faults import fabric_fault
 from .sources.base import GpuReading, SourceAttribution
 
 GIB = 1024**3
@@ -63,6 +64,10 @@ class Profile:
     min_gpus: int = 1
     multi_node: bool = False
     max_gpus: int = 8
+    # Its collectives run through NCCL (the demo writes Inspector records for them), and the
+    # flags only the fabric data shows (GPU samples alone must raise ``flags``, no more).
+    nccl: bool = False
+    fabric_flags: frozenset[str] = frozenset()
 
 
 # --- per-job parameters -----------------------------------------------------------------
@@ -491,13 +496,32 @@ def pipeline_imbalance(ctx: GpuContext) -> dict[str, float]:
     return _background(ctx, d, p)
 
 
+def _fabric_job(name: str) -> ProfileFn:
+    """Data-parallel training over InfiniBand whose collectives slow down in the job's fabric
+    episodes (agent/sim_faults.py): the SMs wait out the longer all-reduces, the NICs move less."""
+
+    def fn(ctx: GpuContext) -> dict[str, float]:
+        p = _params(name, ctx, _draw_dp)
+        f = fabric_fault(name, ctx.job_seed, ctx.n_nodes, ctx.gpus_per_node).busbw_factor(ctx.t)
+        comm = 0.15 + 0.15 * (ctx.job_seed % 7) / 6  # share of a step spent in exposed communication
+        k = 1.0 / (1.0 + comm * (1.0 / f - 1.0))
+        d = _base(ctx, sm=p["sm"] * _step_dip(ctx, p) * k, occ=p["occ"], tensor=p["tensor"], dram=p["dram"],
+                  fb_gib=p["fb"], power=p["power"], nvlink=p["nvl"], ib=p["ib"] * k if ctx.n_nodes > 1 else 0.0)
+        return _background(ctx, d, p)
+
+    fn.__name__ = name
+    return fn
+
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in [
-        Profile("llm_pretrain", frozenset(), llm_pretrain, healthy=True, min_gpus=8, max_gpus=32, multi_node=True),
+        Profile("llm_pretrain", frozenset(), llm_pretrain, healthy=True, min_gpus=8, max_gpus=32, multi_node=True,
+                nccl=True),
         Profile("vision_train", frozenset(), vision_train, healthy=True),
         Profile("batch_inference", frozenset(), batch_inference, healthy=True, max_gpus=4),
-        Profile("multinode_dp", frozenset(), multinode_dp, healthy=True, min_gpus=16, multi_node=True, max_gpus=32),
+        Profile("multinode_dp", frozenset(), multinode_dp, healthy=True, min_gpus=16, multi_node=True, max_gpus=32,
+                nccl=True),
         Profile("hpc_fp64", frozenset(), hpc_fp64, healthy=True, max_gpus=4),
         Profile("idle_gpu", frozenset({"idle_gpu"}), idle_gpu, max_gpus=4),
         Profile("low_sm_activity", frozenset({"low_sm_activity"}), low_sm_activity, max_gpus=4),
@@ -511,6 +535,9 @@ PROFILES: dict[str, Profile] = {
         Profile("hw_fault", frozenset({"hw_fault"}), hw_fault, min_gpus=8),
         Profile("hung", frozenset({"hung"}), hung, min_gpus=8),
         Profile("pipeline_imbalance", frozenset({"pipeline_imbalance"}), pipeline_imbalance, min_gpus=8),
+        *(Profile(k, frozenset(), _fabric_job(k), min_gpus=16, multi_node=True, max_gpus=16, nccl=True,
+                  fabric_flags=frozenset({k, "collective_slow"} if k == "network_degraded" else {k}))
+          for k in ("collective_slow", "network_degraded", "link_errors")),
     ]
 }
 
@@ -530,12 +557,15 @@ JOB_NAMES: dict[str, tuple[str, ...]] = {
     "input_stall": ("resnet152-s3", "yolov8-coco", "vit-b16-webdataset"),
     "comm_bound": ("llama3-405b-fsdp", "mixtral-8x22b-moe", "gpt3-175b-tp"),
     "straggler": ("llama3-8b-sft", "mistral-7b-sft", "qwen2-7b-dpo"),
-    "memory_underuse": ("distilbert-ft", "xgboost-gpu-hpo", "tabnet-sweep"),
+    "memory_underuse": ("distilbert-ft", "xgboost-hpo-sweep", "tabnet-sweep"),
     "throttled": ("sdxl-finetune", "llama2-13b-lora", "detr-coco"),
     "oversized_allocation": ("codegen-6b-ft", "opt-1.3b-ft", "gpt2-medium-ft"),
     "hw_fault": ("llama3-70b-dpo", "falcon-40b-sft", "mpt-30b-pt"),
     "hung": ("llama3-8b-sft", "gemma2-27b-pt", "phi3-medium-sft"),
     "pipeline_imbalance": ("gpt-neox-20b-pp", "bloom-7b-pp", "llama2-34b-pp"),
+    "collective_slow": ("llama3-8b-pretrain", "olmo-7b-pt", "pythia-12b-pt"),
+    "network_degraded": ("mistral-7b-pt", "llama3-70b-cpt", "starcoder2-15b-pt"),
+    "link_errors": ("t5-xl-pretrain", "bert-large-mlm-dp", "deberta-v3-pt"),
 }
 TEAMS = ("llm-core", "vision", "inference", "science", "recsys", "speech")
 FRAMEWORKS = ("pytorch", "jax", "deepspeed", "megatron")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.protocol import GpuInfo
@@ -78,13 +79,15 @@ class FabricSections:
 
 def build_fabric(cfg: AgentConfig, source: object) -> FabricSections | None:
     """What the config asks for and the node has; None when nothing applies."""
-    if getattr(source, "name", "") == "simulator":
-        return None
+    if getattr(source, "name", "") == "simulator" and cfg.nccl_inspector_dir is None and cfg.sys_root == Path("/sys"):
+        return None  # simulated GPUs read fabric files only where told (the demo's, agent/sim_fabric.py)
     inspector = None
     if cfg.nccl_inspector_dir is not None:
         from .nccl_inspector import InspectorSource
 
-        inspector = InspectorSource(cfg.nccl_inspector_dir, cfg.spool_dir / STATE_FILE, proc_root=cfg.proc_root)
+        # The Inspector names files <host>-pid<pid>.log: this agent's host is its --node.
+        inspector = InspectorSource(cfg.nccl_inspector_dir, cfg.spool_dir / STATE_FILE, hostname=cfg.node,
+                                    proc_root=cfg.proc_root)
         log.info("NCCL Inspector: following files under %s", cfg.nccl_inspector_dir)
     nics = ib = None
     if cfg.nic_health and cfg.infiniband:

@@ -19,6 +19,9 @@ from typing import Any
 
 log = logging.getLogger("gpufleet.up")
 
+# The default simulated fleet: room for every inefficient profile once, healthy jobs around them.
+DEMO_NODES = 24
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run everything in one process (SQLite, simulated or local GPUs)")
@@ -28,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="SQLite database, agent spools (default $GPUFLEET_DATA_DIR, else ./gpufleet-data)")
     p.add_argument("--database-url", default=None, help="use this database instead of SQLite under --data-dir")
     p.add_argument("--simulate", type=int, default=None, metavar="NODES",
-                   help="simulate NODES nodes (default: sample local GPUs via NVML, else simulate 16)")
+                   help=f"simulate NODES nodes (default: sample local GPUs via NVML, else simulate {DEMO_NODES})")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
     p.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
     p.add_argument("--flush-s", type=float, default=5.0, help="agent flush interval in seconds (default 5)")
@@ -62,7 +65,7 @@ def _local_gpu_count() -> int:
         return 0
 
 
-def _sources(args: argparse.Namespace) -> list[tuple[str, Any]]:
+def _sources(args: argparse.Namespace, data_dir: Path) -> list[tuple[str, Any]]:
     """(node name, Source) pairs for the agents this process runs."""
     if args.simulate is None and _local_gpu_count() > 0:
         from gpufleet.agent.sources.nvml import NvmlSource
@@ -71,10 +74,17 @@ def _sources(args: argparse.Namespace) -> list[tuple[str, Any]]:
         return [(socket.gethostname(), NvmlSource())]
     from gpufleet.agent.simulator import SimulatedFleet
 
-    nodes = args.simulate if args.simulate is not None else 16
+    nodes = args.simulate if args.simulate is not None else DEMO_NODES
     fleet = SimulatedFleet(nodes=nodes, gpus_per_node=args.gpus_per_node, seed=args.seed, start_ts=time.time())
     log.info("simulating %d nodes x %d GPUs (%d jobs)", nodes, args.gpus_per_node, len(fleet.jobs))
-    return [(n, fleet.source(n)) for n in fleet.node_names()]
+    from gpufleet.agent.sim_fabric import fabric_sources
+    from gpufleet.agent.sources.fabric_sections import STATE_FILE
+
+    # Each node's NCCL Inspector files and /sys tree, read by its agent's real fabric sources;
+    # their offsets from an earlier run name files that are gone.
+    for n in fleet.node_names():
+        (data_dir / "spool" / n / STATE_FILE).unlink(missing_ok=True)
+    return list(fabric_sources(fleet, data_dir / "sim-fabric"))
 
 
 class _Background:
@@ -97,13 +107,15 @@ class _Background:
     def start_agents(self) -> None:
         from gpufleet.agent.runner import Agent, AgentConfig
 
-        for node, source in _sources(self.args):
+        for node, source in _sources(self.args, self.data_dir):
+            fabric = getattr(source, "fabric", None)  # a simulated node's fake fabric files
             cfg = AgentConfig(
                 collector_url=self.base_url,
                 token=self.agent_token,
                 node=node,
                 flush_s=self.args.flush_s,
                 spool_dir=self.data_dir / "spool" / node,
+                **({"sys_root": fabric.sys_root, "nccl_inspector_dir": fabric.nccl_root} if fabric else {}),
             )
             agent = Agent(cfg, source)
             self.agents.append(agent)

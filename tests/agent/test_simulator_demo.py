@@ -1,4 +1,4 @@
-"""The demo fleet `gpufleet up` simulates (16 nodes x 8 GPUs) is honest: it runs every
+"""The demo fleet `gpufleet up` simulates (DEMO_NODES nodes x 8 GPUs) is honest: it runs every
 inefficient profile at least once, and no job name or label gives the profile away."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from gpufleet.agent.simulator import PROFILES, SimulatedFleet
+from gpufleet.commands.up import DEMO_NODES
 
 
 def _words(text: str) -> set[str]:
@@ -13,7 +14,7 @@ def _words(text: str) -> set[str]:
 
 
 def test_default_fleet_runs_every_inefficient_profile() -> None:
-    fleet = SimulatedFleet(nodes=16, gpus_per_node=8, seed=0)
+    fleet = SimulatedFleet(nodes=DEMO_NODES, gpus_per_node=8, seed=0)
     sick = {p.name for p in PROFILES.values() if not p.healthy}
     assert sick <= {j.profile.name for j in fleet.jobs}
     assert any(j.profile.healthy for j in fleet.jobs)  # healthy jobs too: false positives show
@@ -25,11 +26,11 @@ def test_default_fleet_runs_every_inefficient_profile() -> None:
         if best.profile.multi_node:
             assert len(best.nodes) >= 2, name
     used = [g for j in fleet.jobs for g in j.gpus]
-    assert len(used) == len(set(used)) and len(used) < 16 * 8  # no GPU twice; some unallocated
+    assert len(used) == len(set(used)) and len(used) < DEMO_NODES * 8  # no GPU twice; some unallocated
 
 
 def test_names_and_labels_do_not_give_the_profile_away() -> None:
-    fleet = SimulatedFleet(nodes=16, gpus_per_node=8, seed=0)
+    fleet = SimulatedFleet(nodes=DEMO_NODES, gpus_per_node=8, seed=0)
     # the words of the inefficient profiles' names: "idle", "stall", "straggler", "fault", ...
     giveaways = {w for p in PROFILES.values() if not p.healthy for w in p.name.split("_") if len(w) > 2}
     for j in fleet.jobs:
