@@ -61,6 +61,10 @@ def serve(settings: Any) -> None:
         # middleware is ~3% of an ingest worker's CPU at thousands of requests/s.
         proxy_headers=False,
         http=http_protocol(),  # request headers must arrive within GPUFLEET_HTTP_HEADER_TIMEOUT_S
+        # uvicorn kills a worker that has not answered its supervisor's ping within this many
+        # seconds, starting included; its default of 5 s never let `--workers 2` start on a
+        # loaded 2-core box (load 11: a worker's imports took 13 s, killed, respawned, forever).
+        timeout_worker_healthcheck=60,
     )
     if config.workers > 1:
         Multiprocess(config, sockets=[config.bind_socket()]).run()
