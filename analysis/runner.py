@@ -1,5 +1,6 @@
-"""The database wrapper around the pure heuristics: which jobs are due, read their samples
-(incrementally for running jobs), write ``job_reports`` and open/update/resolve ``flags``.
+"""The database wrapper around the pure heuristics: which jobs are due, read their minute
+features (folded at ingest, storage.minute_features; never raw samples; incrementally for
+running jobs, see analysis.state), write ``job_reports`` and open/update/resolve ``flags``.
 
 ``run_analysis`` is what ``gpufleet up`` calls in-process every 30 s and what the Celery
 tasks call in production. It is idempotent: a second run over the same data writes nothing
@@ -14,7 +15,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -22,13 +22,12 @@ from sqlalchemy import Engine, and_, exists, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from gpufleet.storage.dialect import is_postgres
+from gpufleet.storage.minute_features import HIST_SPAN_S, READ_COLUMNS, read_hist, read_states
 from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport, Node
 
 from .collectives.load import load_fabric
 from .config import Thresholds, load_thresholds
-from .detectors import features_for
-from .features import RAW_FIELDS, MinuteFeatures, add_histograms, histograms
+from .features import HIST_BINS, HIST_FIELDS, MinuteFeatures, from_states
 from .progress.flags import run_progress_pass
 from .report import JobAnalysis, JobMeta, analyze
 from .state import CACHE, JobState, StateCache
@@ -143,69 +142,56 @@ def _job_gpus(conn: Connection, job_pk: int, extra: set[int]) -> dict[int, tuple
     return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
 
 
-# NULL -> -1 in SQL (every field read is >= 0 by the catalog), so rows convert to numpy with
-# one np.fromiter over plain floats instead of a per-value None check (10x faster).
-_COLS = ", ".join(f"COALESCE({f}, -1)" for f in RAW_FIELDS)
-_NCOL = 2 + len(RAW_FIELDS)
+def _changed_runs(hours: list[int]) -> list[tuple[int, int]]:
+    """Sorted hours as runs of consecutive ones: (first, last)."""
+    runs: list[tuple[int, int]] = []
+    for h in sorted(hours):
+        if runs and h == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], h)
+        else:
+            runs.append((h, h))
+    return runs
 
 
-def _read_samples(conn: Connection, job_pk: int, since: float) -> np.ndarray:
-    """(rows, 2 + len(RAW_FIELDS)) float64: ts, gpu_pk, fields (NaN = NULL)."""
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    sql = (f"SELECT ts, gpu_pk, {_COLS} FROM gpu_samples WHERE job_pk = {mark} AND ts >= {mark} "
-           "ORDER BY gpu_pk, ts")
-    params = (job_pk, float(since) if np.isfinite(since) else -1e18)
-    if is_postgres(conn):
-        # Binary results: floats arrive as 8 bytes, not text to parse (2-3x faster); never
-        # server-prepared (psycopg's auto-prepare ends in DEALLOCATE ALL after a rollback).
-        dbapi = conn.connection.driver_connection
-        if dbapi is None:  # SQLAlchemy types it Optional: None only once the connection is closed
-            raise RuntimeError("the database connection is closed")
-        with dbapi.cursor(binary=True) as cur:
-            cur.execute(sql, params, prepare=False)
-            rows = cur.fetchall()
-    else:
-        rows = conn.exec_driver_sql(sql, params).fetchall()
-    if not rows:
-        return np.zeros((0, _NCOL))
-    data = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=len(rows) * _NCOL).reshape(-1, _NCOL)
-    vals = data[:, 2:]
-    vals[vals < 0] = np.nan
-    return data
+def _read_changed(conn: Connection, job_pk: int, st: JobState) -> int:
+    """Re-read the job's feature rows of every hour whose fold counter moved since ``st`` read
+    it (all hours for a new state). Counters are read first: a batch committed in between
+    moves its counter again, so the next pass reads it. Returns the rows read."""
+    hist = read_hist(conn, job_pk)
+    changed = [r.hour for r in hist if st.folds.get(r.hour) != r.folds]
+    nrows = 0
+    for h0, h1 in _changed_runs(changed):
+        data = read_states(conn, job_pk, h0 * HIST_SPAN_S, (h1 + 1) * HIST_SPAN_S)
+        nrows += len(data)
+        hour = np.floor(data[:, 0] / HIST_SPAN_S).astype(np.int64)
+        for h in range(h0, h1 + 1):
+            st.chunks[h] = data[hour == h]
+    if changed or len(hist) != len(st.folds):
+        st.folds = {r.hour: r.folds for r in hist}
+        total = np.sum([r.h for r in hist], axis=0) if hist else np.zeros(len(HIST_FIELDS) * HIST_BINS, np.int64)
+        st.hist_all = {name: total[i * HIST_BINS:(i + 1) * HIST_BINS].copy() for i, name in enumerate(HIST_FIELDS)}
+    return nrows
 
 
-def _update_state(conn: Connection, job_pk: int, st: JobState | None, th: Thresholds) -> tuple[JobState, int]:
-    since = st.reread_from if st else float("-inf")
-    data = _read_samples(conn, job_pk, since)
-    if st is None:
-        st = JobState(gpu_pks=[], feats=MinuteFeatures.empty(0))
-    if len(data) == 0:
-        return st, 0
-    ts, gpk = data[:, 0], data[:, 1].astype(np.int64)
-    st.add_gpus(sorted(set(np.unique(gpk).tolist())))
-    row_of = {pk: i for i, pk in enumerate(st.gpu_pks)}
-    gi = np.vectorize(row_of.__getitem__, otypes=[np.int64])(gpk) if len(gpk) else gpk
-    cols = {name: data[:, 2 + i] for i, name in enumerate(RAW_FIELDS)}
-    g = th.general
-    new = features_for(th, ts, gi, cols, len(st.gpu_pks))
-    # Minutes from the re-read start on are replaced by what was just read.
-    cut = int(np.floor(since / 60.0)) if np.isfinite(since) else int(np.floor(ts.min() / 60.0))
-    st.feats = st.feats.before(cut).extend(new) if st.feats.shape[1] else new
-    # Next re-read start: a minute boundary before the newest sample of the slowest GPU
-    # (bounded, so a dead node does not pin it), minus a margin for late flushes.
-    last_per_gpu = np.full(len(st.gpu_pks), -np.inf)
-    np.maximum.at(last_per_gpu, gi, ts)
-    newest = float(ts.max())
-    slowest = float(np.min(last_per_gpu[np.isfinite(last_per_gpu)]))
-    nxt = max(slowest, newest - g.reread_max_s) - g.reread_margin_s
-    nxt = max(np.floor(nxt / 60.0) * 60.0, since)
-    done = ts < nxt
-    st.hist_before = add_histograms(st.hist_before, histograms(cols, done))
-    st.hist_tail = histograms(cols, ~done)
-    st.reread_from = nxt
-    st.first_ts = float(ts.min()) if st.first_ts is None else min(st.first_ts, float(ts.min()))
-    st.last_ts = newest if st.last_ts is None else max(st.last_ts, newest)
-    return st, len(data)
+def _build(st: JobState, allocated: set[int], changed: bool) -> None:
+    """The job's MinuteFeatures from every kept row: GPUs that reported, in pk order, then the
+    allocated ones that never did (they are allocated time). Depends only on the rows, so
+    a warm state and a cold read build the same arrays."""
+    data = np.concatenate([st.chunks[h] for h in sorted(st.chunks)]) if st.chunks else np.zeros((0, 2))
+    reporting = sorted(set(data[:, 1].astype(np.int64).tolist())) if len(data) else []
+    gpu_pks = reporting + sorted(allocated - set(reporting))
+    if not changed and gpu_pks == st.gpu_pks:
+        return
+    st.gpu_pks = gpu_pks
+    if not len(data):
+        st.feats, st.first_ts, st.last_ts = MinuteFeatures.empty(len(gpu_pks)), None, None
+        return
+    st.feats = from_states(data, gpu_pks)
+    st.first_ts = float(data[:, _FIRST_TS].min())
+    st.last_ts = float(data[:, _LAST_TS].max())
+
+
+_FIRST_TS, _LAST_TS = READ_COLUMNS.index("first_ts"), READ_COLUMNS.index("last_ts")
 
 
 EventRow = tuple[float, int | None, str, int | None]
@@ -229,11 +215,13 @@ def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache:
         if job is None:
             cache.drop(key)
             return
-        st, nrows = _update_state(conn, job_pk, cache.get(key), th)
+        st = cache.get(key) or JobState(gpu_pks=[], feats=MinuteFeatures.empty(0))
+        nrows = _read_changed(conn, job_pk, st)
         s.rows_read += nrows
-        gpus = _job_gpus(conn, job_pk, set(st.gpu_pks))
+        reporting = {int(p) for c in st.chunks.values() for p in np.unique(c[:, 1]).tolist()}
+        gpus = _job_gpus(conn, job_pk, reporting)
         # GPUs allocated but never reporting still count: they are allocated time.
-        st.add_gpus(sorted(gpus))
+        _build(st, set(gpus) | reporting, nrows > 0)
         cache.put(key, st)
         running = job["state"] == "running"
         models = Counter(m for (_, _, m, _) in gpus.values() if m)

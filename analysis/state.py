@@ -1,10 +1,12 @@
-"""Per-job incremental state kept between analysis runs in one process.
+"""Per-job state kept between analysis runs in one process.
 
-A running job is re-analyzed every 30-60 s; re-reading a 24-hour job's samples each time
-would not scale, so each process keeps the job's per-minute features and histograms and
-reads only the samples since ``reread_from`` (a minute boundary a little before the newest
-sample, so agents flushing late are still counted). The state is a cache: losing it (a new
-worker process) only costs one full read of the job, the results are the same."""
+A running job is re-analyzed every 30-60 s. Its minute features are folded at ingest
+(storage.minute_features), so a pass reads feature rows, never raw samples; each process
+keeps the rows it read per job-hour with that hour's fold counter (``job_hist_features.folds``,
+bumped by every batch folded into the hour) and re-reads only the hours whose counter moved,
+late batches included. The features are rebuilt from the kept rows exactly as a cold read
+builds them, so the state is a pure cache: a new worker process reads more, and reports the
+same, bit for bit."""
 
 from __future__ import annotations
 
@@ -14,36 +16,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .features import MinuteFeatures, add_histograms, empty_histograms
+from .features import MinuteFeatures, empty_histograms
 
 
 @dataclass
 class JobState:
     gpu_pks: list[int]
     feats: MinuteFeatures
-    hist_before: dict[str, np.ndarray] = field(default_factory=empty_histograms)  # samples before reread_from
-    hist_tail: dict[str, np.ndarray] = field(default_factory=empty_histograms)  # samples since
-    reread_from: float = float("-inf")
+    hist_all: dict[str, np.ndarray] = field(default_factory=empty_histograms)
+    chunks: dict[int, np.ndarray] = field(default_factory=dict)  # hour -> feature rows read
+    folds: dict[int, int] = field(default_factory=dict)  # hour -> its fold counter when read
     first_ts: float | None = None
     last_ts: float | None = None
 
     def nbytes(self) -> int:
-        return int(self.feats.n.nbytes + sum(v.nbytes for v in self.feats.f.values()))
+        return int(self.feats.n.nbytes + sum(v.nbytes for v in self.feats.f.values())
+                   + sum(v.nbytes for v in self.chunks.values()))
 
     def hist(self) -> dict[str, np.ndarray]:
-        return add_histograms(self.hist_before, self.hist_tail)
-
-    def add_gpus(self, pks: list[int]) -> None:
-        """Grow the GPU axis for GPUs that joined the job (rows appended, no data before)."""
-        new = [p for p in pks if p not in self.gpu_pks]
-        if not new:
-            return
-        self.gpu_pks.extend(new)
-        f = self.feats
-        extra = len(new)
-        m = f.shape[1]
-        f.n = np.concatenate([f.n, np.zeros((extra, m))], axis=0)
-        f.f = {k: np.concatenate([v, np.full((extra, m), np.nan)], axis=0) for k, v in f.f.items()}
+        return self.hist_all
 
 
 class StateCache:

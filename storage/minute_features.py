@@ -396,7 +396,7 @@ def read_states(conn: Connection, job_pk: int, t_from: float, t_to: float) -> np
         if dbapi is None:
             raise RuntimeError("the database connection is closed")
         buf = bytearray()
-        with dbapi.cursor() as cur, cur.copy(sql) as cp:  # type: ignore[attr-defined]
+        with dbapi.cursor() as cur, cur.copy(sql) as cp:
             for chunk in cp:
                 buf += chunk
         # 19-byte header (signature, flags, extension length 0), then per row: int16 field
