@@ -32,11 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufleet.nccl_fold import WINDOW_S, Aggregator
 from gpufleet.protocol import CollectiveAgg, GpuInfo
 
 from ..attribution.procfs import read_environ, read_text, slurm_job_from_cgroup
 from .base import GpuReading
-from .nccl_inspector_parse import WINDOW_S, Aggregator, ParseError, parse_json_line, parse_prom_text
+from .nccl_inspector_parse import ParseError, parse_json_line, parse_prom_text
 
 log = logging.getLogger(__name__)
 

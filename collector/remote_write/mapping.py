@@ -10,6 +10,14 @@ instead of being stored twice (docs/prometheus.md, "Idempotency").
 What is not a reading is never turned into one: NaN (Prometheus' staleness marker included),
 a value outside the catalog's range, a counter's first sample (no rate yet) or a counter
 reset all leave the field missing for that row, and are counted.
+
+NCCL Inspector's Prometheus mode (``nccl_*`` series from node-exporter's textfile collector) is
+folded into the protocol's ``collectives`` section by the agent's own fold (``gpufleet.nccl_fold``):
+the three metrics of one label set at one timestamp are one record; the textfile is a snapshot
+rewritten every dump and scraped again and again, so a (node, communicator, rank, collective,
+size) counts each ``coll_sn`` once (without ``coll_sn``: each change of its values once). Like a
+counter's previous sample, the last ``coll_sn`` is per process and updated only once a request
+is stored (``SnapshotState``).
 """
 
 from __future__ import annotations
@@ -21,15 +29,19 @@ from typing import Any
 
 from gpufleet import dcgm
 from gpufleet.catalog import Field
-from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo
+from gpufleet.nccl_fold import PROM_METRICS, PROM_NOT_IDENTITY, Aggregator, record_from_prom
+from gpufleet.protocol import AgentInfo, Batch, CollectiveAgg, GpuInfo, JobInfo
 
 from .wire import COUNTER, WriteRequest, labels_of
 
 # Label names that name the node, most explicit first. dcgm-exporter's own is ``Hostname``;
 # a relabel rule (or kube-prometheus' ``node``) overrides it.
 NODE_LABELS = ("gpufleet_node", "node", "kubernetes_node", "Hostname", "instance")
-# NCCL Inspector's Prometheus mode (node-exporter textfile collector): recognised by prefix.
+# NCCL Inspector's Prometheus mode (node-exporter textfile collector): the three metrics the fold
+# uses (PROM_METRICS) are stored; other nccl_* series (counts, p2p) are counted and ignored.
 NCCL_PREFIX = "nccl_"
+# The Inspector's own labels name its host ``hostname`` (older plugins) or ``node`` (newer).
+NCCL_NODE_LABELS = ("gpufleet_node", "node", "kubernetes_node", "hostname", "Hostname", "instance")
 SERIES_CACHE_MAX = 200_000
 VERSION = "remote-write"
 
@@ -51,25 +63,57 @@ class Mapped:
 NOT_GPU_METRIC = "not_gpu_metric"
 NO_GPU_IDENTITY = "no_gpu_identity"
 NO_NODE = "no_node"
-NCCL_NOT_STORED = "nccl_recognised_not_stored"
+NCCL_NOT_USED = "nccl_metric_not_used"
 BAD_LABELS = "bad_labels"
 
 
-def map_series(labels: dict[str, str]) -> Mapped | str:
-    name = labels.get("__name__", "")
-    f = dcgm.field_for(name)
-    if f is None and name not in dcgm.FB_EXTRA:
-        return NCCL_NOT_STORED if name.startswith(NCCL_PREFIX) else NOT_GPU_METRIC
-    ident = dcgm.gpu_identity(labels)
-    if ident is None:
-        return NO_GPU_IDENTITY
+@dataclass(frozen=True, slots=True)
+class NcclSeries:
+    """A recognised NCCL Inspector Prometheus-mode series: which value of a record it carries,
+    the labels naming its collective (``ident``: every label but the name and the dump's
+    ``timestamp``), node and job."""
+
+    kind: str  # "exec", "busbw" or "algbw" (nccl_fold.PROM_METRICS)
+    ident: tuple[tuple[str, str], ...]
+    node: str
+    job: JobInfo | None
+
+
+def _node_of(labels: dict[str, str], names: tuple[str, ...]) -> str:
     node = ""
-    for k in NODE_LABELS:
+    for k in names:
         node = labels.get(k, "").strip()
         if node:
             break
     if node and node == labels.get("instance", "").strip() and ":" in node:
         node = node.rsplit(":", 1)[0]  # instance is host:port
+    return node
+
+
+def _nccl_series(kind: str, labels: dict[str, str]) -> NcclSeries | str:
+    node = _node_of(labels, NCCL_NODE_LABELS)
+    if not node:
+        return NO_NODE
+    job = dcgm.job_from_labels(labels) if labels.get("gpufleet_job", "").strip() else None
+    slurm = labels.get("slurm_job_id", "").strip()
+    if job is None and slurm.isdigit():
+        job = JobInfo(job_id=slurm, source="slurm")
+    ident = tuple(sorted((k, v) for k, v in labels.items() if k != "__name__" and k not in PROM_NOT_IDENTITY))
+    return NcclSeries(kind, ident, node, job)
+
+
+def map_series(labels: dict[str, str]) -> Mapped | NcclSeries | str:
+    name = labels.get("__name__", "")
+    f = dcgm.field_for(name)
+    if f is None and name not in dcgm.FB_EXTRA:
+        kind = PROM_METRICS.get(name)
+        if kind is not None:
+            return _nccl_series(kind, labels)
+        return NCCL_NOT_USED if name.startswith(NCCL_PREFIX) else NOT_GPU_METRIC
+    ident = dcgm.gpu_identity(labels)
+    if ident is None:
+        return NO_GPU_IDENTITY
+    node = _node_of(labels, NODE_LABELS)
     if not node:
         return NO_NODE
     return Mapped(name, f, ident, node, dcgm.job_from_labels(labels), name.endswith("_total"),
@@ -81,9 +125,9 @@ class SeriesMap:
 
     def __init__(self, max_entries: int = SERIES_CACHE_MAX) -> None:
         self.max_entries = max_entries
-        self._d: dict[bytes, Mapped | str] = {}
+        self._d: dict[bytes, Mapped | NcclSeries | str] = {}
 
-    def get(self, key: bytes) -> Mapped | str:
+    def get(self, key: bytes) -> Mapped | NcclSeries | str:
         hit = self._d.get(key)
         if hit is None:
             try:
@@ -99,7 +143,7 @@ class SeriesMap:
         return len(self._d)
 
     @property
-    def known(self) -> dict[bytes, Mapped | str]:
+    def known(self) -> dict[bytes, Mapped | NcclSeries | str]:
         """The cached label encodings (for ``wire.decode``'s fast path; read-only use)."""
         return self._d
 
@@ -123,6 +167,39 @@ class RateState:
                 self.last[k] = v
 
 
+# (cluster, node, the collective's labels without coll_sn) -> the last coll_sn counted, or the
+# values of the last snapshot counted when the plugin writes no coll_sn
+SnapshotKey = tuple[str, str, tuple[tuple[str, str], ...]]
+SnapshotToken = int | tuple[float, float | None]
+
+
+@dataclass
+class SnapshotState:
+    """NCCL Inspector snapshots already counted, and the GPUs each node's batches last named
+    (a node whose request carries only NCCL series still names its GPUs' rows). Per process,
+    updated after a request is stored, like ``RateState``."""
+
+    last: dict[SnapshotKey, SnapshotToken] = field(default_factory=dict)
+    gpus: dict[tuple[str, str, int], GpuInfo] = field(default_factory=dict)  # (cluster, node, index)
+    max_entries: int = 200_000
+
+    def commit(self, last: dict[SnapshotKey, SnapshotToken], gpus: dict[tuple[str, str, int], GpuInfo]) -> None:
+        if len(self.last) + len(last) > self.max_entries:
+            self.last.clear()
+        if len(self.gpus) + len(gpus) > self.max_entries:
+            self.gpus.clear()
+        self.last.update(last)
+        self.gpus.update(gpus)
+
+
+def _repeated(prev: SnapshotToken | None, token: SnapshotToken) -> bool:
+    if prev is None:
+        return False
+    if isinstance(prev, int) and isinstance(token, int):
+        return token <= prev
+    return prev == token
+
+
 @dataclass
 class Conversion:
     batches: list[Batch]
@@ -134,10 +211,14 @@ class Conversion:
     rate_updates: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
     prepared: list[Any] = field(default_factory=list)  # the batches as the write path's Prepared
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (status, detail) of refused batches
+    nccl_records: int = 0  # NCCL Inspector records folded into collectives
+    snapshot_updates: dict[SnapshotKey, SnapshotToken] = field(default_factory=dict)
+    gpu_updates: dict[tuple[str, str, int], GpuInfo] = field(default_factory=dict)
 
     def summary(self) -> dict[str, object]:
         return {"series": self.series, "samples": self.samples, "values": self.stored_values,
                 "rows": sum(b.n_rows() for b in self.batches), "nodes": len(self.batches),
+                "collectives": sum(len(b.collectives) for b in self.batches), "nccl_records": self.nccl_records,
                 "ignored_series": dict(self.ignored), "dropped_samples": dict(self.dropped)}
 
 
@@ -147,11 +228,17 @@ class _Node:
     rows: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
     jobs: dict[tuple[str, int], JobInfo] = field(default_factory=dict)
     fb: dict[str, dict[str, float]] = field(default_factory=dict)  # uuid -> FB extras / used / total
+    # NCCL: (collective labels, ts ms) -> {"exec"/"busbw"/"algbw": value}, and each label set's series
+    nccl: dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]] = field(default_factory=dict)
+    nccl_series: dict[tuple[tuple[str, str], ...], NcclSeries] = field(default_factory=dict)
 
 
 def convert(req: WriteRequest, series_map: SeriesMap, rates: RateState, *, cluster: str, digest: str,
-            now: float, max_age_s: float | None, max_future_s: float, max_rows: int) -> Conversion:
-    """The request's GPU samples as per-node batches (``digest`` keys them, see module doc)."""
+            now: float, max_age_s: float | None, max_future_s: float, max_rows: int,
+            snapshots: SnapshotState | None = None) -> Conversion:
+    """The request's GPU samples as per-node batches (``digest`` keys them, see module doc), NCCL
+    Inspector series as those batches' ``collectives``."""
+    snapshots = snapshots if snapshots is not None else SnapshotState()
     for fam, kind in req.metadata.items():
         rates.counter_families[fam] = kind == COUNTER
     conv = Conversion([])
@@ -166,6 +253,9 @@ def convert(req: WriteRequest, series_map: SeriesMap, rates: RateState, *, clust
         m = series_map.get(s.key)
         if isinstance(m, str):
             conv.ignored[m] += 1
+            continue
+        if isinstance(m, NcclSeries):
+            _add_nccl(conv, nodes, m, s.samples, lo, hi)
             continue
         if s.histograms:
             conv.dropped["histogram"] += s.histograms
@@ -218,8 +308,64 @@ def convert(req: WriteRequest, series_map: SeriesMap, rates: RateState, *, clust
             if f.name in ("fb_used_bytes", "fb_total_bytes"):
                 node.fb.setdefault(uuid, {})[f.name] = value
     for i, name in enumerate(sorted(nodes)):
-        conv.batches.extend(_batches(name, nodes[name], cluster, digest, i, now, max_rows))
+        n = nodes[name]
+        colls, jobs = _collectives(conv, name, n, cluster, snapshots) if n.nccl else ([], [])
+        conv.batches.extend(_batches(name, n, cluster, digest, i, now, max_rows, colls, jobs, conv.gpu_updates))
     return conv
+
+
+def _add_nccl(conv: Conversion, nodes: dict[str, _Node], m: NcclSeries, samples: list[tuple[int, float]],
+              lo: float, hi: float) -> None:
+    node = nodes.get(m.node)
+    if node is None:
+        node = nodes[m.node] = _Node()
+    node.nccl_series.setdefault(m.ident, m)
+    for ts_ms, raw in samples:
+        if raw != raw:
+            conv.dropped["nan_or_stale"] += 1
+        elif ts_ms < lo:
+            conv.dropped["too_old"] += 1
+        elif ts_ms > hi:
+            conv.dropped["in_future"] += 1
+        else:
+            node.nccl.setdefault((m.ident, ts_ms), {})[m.kind] = raw
+
+
+def _collectives(conv: Conversion, node: str, n: _Node, cluster: str,
+                 snapshots: SnapshotState) -> tuple[list[CollectiveAgg], list[JobInfo]]:
+    """The node's NCCL records, each snapshot counted once, folded into 10 s aggregates."""
+    agg = Aggregator()
+    by_index = {g.index: g.uuid for g in n.gpus.values() if g.index >= 0}
+    jobs: dict[str, JobInfo] = {}
+    pending = conv.snapshot_updates
+    for ident, ts_ms in sorted(n.nccl, key=lambda k: k[1]):  # in time order, as the snapshots were taken
+        series = n.nccl_series[ident]
+        rec = record_from_prom(dict(ident), n.nccl[(ident, ts_ms)], ts_ms / 1000.0)
+        if rec is None:
+            conv.dropped["nccl_not_a_record"] += 1
+            continue
+        key: SnapshotKey = (cluster, node, tuple(kv for kv in ident if kv[0] != "coll_sn"))
+        token: SnapshotToken = rec.sn if rec.sn is not None else (rec.exec_us, rec.busbw_gbs)
+        if _repeated(pending.get(key, snapshots.last.get(key)), token):
+            conv.dropped["nccl_snapshot_already_counted"] += 1
+            continue
+        pending[key] = token
+        gpu: str | None = None
+        if rec.gpu_index is not None:
+            gpu = by_index.get(rec.gpu_index)
+            if gpu is None and (known := snapshots.gpus.get((cluster, node, rec.gpu_index))) is not None:
+                # named by an earlier request's DCGM series: listed again so the row finds its GPU
+                gpu = known.uuid
+                n.gpus.setdefault(known.uuid, dcgm.GpuIdentity(uuid=known.uuid, index=known.index,
+                                                               model=known.model, mig_profile=known.mig_profile,
+                                                               parent_uuid=known.parent_uuid))
+                if known.memory_total_bytes is not None:
+                    n.fb.setdefault(known.uuid, {"fb_total_bytes": known.memory_total_bytes})
+        if series.job is not None:
+            jobs.setdefault(series.job.job_id, series.job)
+        agg.add(rec, series.job.job_id if series.job else None, gpu)
+        conv.nccl_records += 1
+    return agg.drain(math.inf), list(jobs.values())
 
 
 def _memory_total(fb: dict[str, float] | None) -> float | None:
@@ -232,14 +378,22 @@ def _memory_total(fb: dict[str, float] | None) -> float | None:
     return None
 
 
-def _batches(node: str, n: _Node, cluster: str, digest: str, ordinal: int, now: float,
-             max_rows: int) -> list[Batch]:
-    if not n.rows:
+def _batches(node: str, n: _Node, cluster: str, digest: str, ordinal: int, now: float, max_rows: int,
+             collectives: list[CollectiveAgg], nccl_jobs: list[JobInfo],
+             gpu_updates: dict[tuple[str, str, int], GpuInfo]) -> list[Batch]:
+    if not n.rows and not collectives:
         return []
     gpus = [GpuInfo(index=g.index, uuid=g.uuid, model=g.model, mig_profile=g.mig_profile,
                     parent_uuid=g.parent_uuid, memory_total_bytes=_memory_total(n.fb.get(u)))
             for u, g in sorted(n.gpus.items())]
+    for g in gpus:
+        if g.index >= 0:
+            gpu_updates[(cluster, node, g.index)] = g
     keys = sorted(n.rows)
+    if not keys:  # NCCL series only: one batch with the collectives and no rows
+        return [Batch(agent=AgentInfo(boot_id=f"rw-{digest}", seq=ordinal << 20, node=node, cluster=cluster,
+                                      version=VERSION, sent_at=now),
+                      gpus=gpus, jobs=nccl_jobs, collectives=collectives)]
     out = []
     # Rows beyond the per-batch limit go in further batches; seq keeps every key distinct and
     # stable: ordinal * 2^20 + chunk (a request never holds 2^20 chunks for one node).
@@ -253,8 +407,12 @@ def _batches(node: str, n: _Node, cluster: str, digest: str, ordinal: int, now: 
             samples["job"] = list(jobs_col)
         for fname in fields:
             samples[fname] = [n.rows[k].get(fname) for k in chunk]
-        jobs = list({n.jobs[k].job_id: n.jobs[k] for k in chunk if k in n.jobs}.values())
+        by_id = {n.jobs[k].job_id: n.jobs[k] for k in chunk if k in n.jobs}
+        if c == 0:  # the collectives travel with the node's first batch
+            for j in nccl_jobs:
+                by_id.setdefault(j.job_id, j)
         out.append(Batch(agent=AgentInfo(boot_id=f"rw-{digest}", seq=(ordinal << 20) + c // max_rows, node=node,
                                          cluster=cluster, version=VERSION, sent_at=now),
-                         gpus=gpus, jobs=jobs, samples=samples))
+                         gpus=gpus, jobs=list(by_id.values()), samples=samples,
+                         collectives=collectives if c == 0 else []))
     return out

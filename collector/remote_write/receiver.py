@@ -31,7 +31,7 @@ from gpufleet.protocol import ProtocolError
 from gpufleet.storage import tokens
 
 from . import wire
-from .mapping import Conversion, RateState, SeriesMap, convert
+from .mapping import Conversion, RateState, SeriesMap, SnapshotState, convert
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -75,6 +75,7 @@ class Receiver:
         self.coll = coll
         self.series = SeriesMap()
         self.rates = RateState()
+        self.snapshots = SnapshotState()
         self.stats = Stats()
         self._lock = threading.Lock()
 
@@ -135,7 +136,8 @@ class Receiver:
         digest = hashlib.blake2b(raw, digest_size=12, person=b"gpufleet-rw", key=cluster.encode()[:64]).hexdigest()
         with self._lock:  # the series map and the rate state are shared by concurrent requests
             conv = convert(req, self.series, self.rates, cluster=cluster, digest=digest, now=now,
-                           max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, max_rows=max_rows)
+                           max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, max_rows=max_rows,
+                           snapshots=self.snapshots)
         for b in conv.batches:
             try:
                 prep = prepare(b)
@@ -183,6 +185,10 @@ class Receiver:
         if busy is not None:  # (handle() counts the answer)
             return answer(503, f"{busy}; retry (committed parts are acknowledged as duplicates)",
                            cfg.retry_after_s)
+        with self._lock:
+            # a 4xx is never retried: the NCCL snapshots of the nodes stored are counted (a 503
+            # is retried with the same bytes, which must fold the same records again)
+            self.snapshots.commit(conv.snapshot_updates, conv.gpu_updates)
         if rejected:
             status = rejected[0][0]
             log.warning("remote write: %d batch(es) refused: %s", len(rejected), rejected[0][1])

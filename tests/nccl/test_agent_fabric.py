@@ -145,7 +145,7 @@ def test_agent_sends_collectives_and_nics_through_the_spool_and_survives_a_kill(
             key = (c.comm, c.rank, c.ts, c.size_bucket)
             counts[key] = counts.get(key, 0) + c.count
     expected: dict[tuple[str, int, float, int], int] = {}
-    from gpufleet.agent.sources.nccl_inspector_parse import size_bucket
+    from gpufleet.nccl_fold import size_bucket
 
     for rank, rec in job.records():
         if job.node_of(rank) != "gpu-00":

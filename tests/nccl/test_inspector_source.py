@@ -11,14 +11,8 @@ import pytest
 
 from gpufleet.agent.sources.base import GpuReading
 from gpufleet.agent.sources.nccl_inspector import InspectorSource
-from gpufleet.agent.sources.nccl_inspector_parse import (
-    Aggregator,
-    ParseError,
-    parse_json_line,
-    parse_prom_text,
-    percentile,
-    size_bucket,
-)
+from gpufleet.agent.sources.nccl_inspector_parse import ParseError, parse_json_line, parse_prom_text
+from gpufleet.nccl_fold import Aggregator, percentile, size_bucket
 from gpufleet.protocol import CollectiveAgg, GpuInfo
 
 from .fabric_model import MIB, Fabric, TrainingJob, prom_text, to_json_line

@@ -17,8 +17,13 @@ def capture_text(name: str) -> str:
 
 def capture_series(name: str, **target: str) -> list[tuple[dict[str, str], float, str]]:
     """(labels with __name__ and ``target`` labels, value, metric type) per sample of a capture."""
+    return exposition_series(capture_text(name), **target)
+
+
+def exposition_series(text: str, **target: str) -> list[tuple[dict[str, str], float, str]]:
+    """The same for any exposition text (what a scrape of it gives Prometheus)."""
     out = []
-    for fam in text_string_to_metric_families(capture_text(name)):
+    for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             labels = {"__name__": s.name, **s.labels, **target}
             out.append((labels, float(s.value), fam.type))

@@ -109,14 +109,14 @@ def test_samples_that_are_no_reading_are_counted_never_stored() -> None:
         _one({}, 250.0, "DCGM_FI_DEV_GPU_UTIL"),  # 250 % is outside the catalog's 0..1
         _one({}, 1.0, "DCGM_FI_DEV_FAN_SPEED"),  # not a catalog field
         _one({}, 1.0, "node_cpu_seconds_total"),
-        _one({}, 5.0, "nccl_bus_bandwidth_gbs"),
+        _one({}, 5.0, "nccl_p2p_bandwidth_gbs"),  # an Inspector metric the fold does not use
         ({"__name__": "DCGM_FI_DEV_POWER_USAGE", "gpu": "0"}, [(T0, 70.0)]),  # no UUID
         ({"__name__": "DCGM_FI_DEV_POWER_USAGE", "UUID": "GPU-z"}, [(T0, 70.0)]),  # no node label at all
         ({"__name__": "DCGM_FI_DEV_POWER_USAGE", **GPU}, [(T0 - 2 * 86400_000, 70.0), (T0 + 3600_000, 70.0)]),
     ]))
     assert conv.batches == []
     assert conv.dropped == {"nan_or_stale": 2, "outside_catalog_range": 1, "too_old": 1, "in_future": 1}
-    assert conv.ignored == {"not_gpu_metric": 2, "nccl_recognised_not_stored": 1, "no_gpu_identity": 1,
+    assert conv.ignored == {"not_gpu_metric": 2, "nccl_metric_not_used": 1, "no_gpu_identity": 1,
                             "no_node": 1}
 
 
