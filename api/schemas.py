@@ -199,6 +199,17 @@ class EventPublic(BaseModel):
     gpu_index: int | None = None
 
 
+class NodeJob(BaseModel):
+    job_id: str
+    cluster: str
+    user: str | None = None
+    name: str | None = None
+    state: str
+    start_ts: float | None = None
+    end_ts: float | None = Field(None, description="None while the job still holds a GPU here")
+    gpus: int = Field(description="GPUs of this node the job held")
+
+
 class NodeDetail(BaseModel):
     cluster: str
     name: str
@@ -207,7 +218,20 @@ class NodeDetail(BaseModel):
     labels: dict[str, Any]
     gpus: list[GpuPublic]
     events: list[EventPublic]
+    jobs: list[NodeJob] = Field(default_factory=list,
+                                description="jobs that held its GPUs in the last 7 days, newest first")
     window_s: float
+
+
+class NodeTimeseriesPublic(BaseModel):
+    start: float
+    end: float
+    step: int = Field(description="seconds per point (auto: about 360 points)")
+    points: int
+    fields: list[FieldInfo]
+    t: list[float] = Field(description="point times (epoch seconds, bucket starts)")
+    gpus: list[SeriesGpu]
+    series: dict[str, list[list[float | None]]] = Field(description="field -> one array per GPU (order of gpus)")
 
 
 class GpuJob(BaseModel):

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from gpufleet.storage.models import Allocation, Cluster, Event, Gpu, Job, Node, gpu_samples_1m
 
 from .common import clean, live_values, now
+from .node_history import node_jobs
 from .paginate import Keyset
 
 # nvmlClocksEventReasons bits that mean the GPU was slowed down (not idle/app-clock settings).
@@ -99,7 +100,7 @@ def node_detail(session: Session, cluster: str, name: str, *, window_s: float = 
             "labels": row.labels or {},
             "gpus": [{**_gpu_dict(g, row.name, live, jobs), "throttle": thr.get(g.id)} for g in gpus],
             "events": _events(session, Event.node_id == row.id, Event.ts >= now() - 7 * 86400),
-            "window_s": window_s}
+            "jobs": node_jobs(session, row.id, now() - 7 * 86400), "window_s": window_s}
 
 
 def throttle_stats(session: Session, gpu_pks: list[int], since: float) -> dict[int, dict[str, Any]]:
