@@ -98,7 +98,7 @@ class Encoder:
     def series(self, src: RowSource) -> tuple[list[bytes], int]:
         """Encoded TimeSeries messages (each with its field-1 tag) and their sample count.
 
-        Vectorised over the whole batch: rows sorted by (GPU, job) make every series' samples
+        Vectorised over the whole batch: rows sorted by (GPU, job, ts) make every series' samples
         one contiguous run of the field's column, so all samples of all series are encoded by
         one array operation and each series is a slice of that buffer."""
         n = len(src.ts)
@@ -107,9 +107,10 @@ class Encoder:
         keys: dict[tuple[str, str | None], int] = {}
         gid = np.fromiter((keys.setdefault(k, len(keys)) for k in zip(src.gpu, src.job, strict=True)),
                           dtype=np.int64, count=n)
-        order = np.argsort(gid, kind="stable")
+        ts_all = np.asarray(src.ts, dtype=np.float64)
+        order = np.lexsort((ts_all, gid))  # by series, then time: receivers want a series' samples in order
         gsorted = gid[order]
-        ts_ms = np.rint(np.asarray(src.ts, dtype=np.float64)[order] * 1000.0).astype(np.int64)
+        ts_ms = np.rint(ts_all[order] * 1000.0).astype(np.int64)
         rows = [j for j, _ in self.fields]
         vals = src.vals[rows][:, order]  # (exported fields, n), rows grouped by series
         ok = ~np.isnan(vals)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from gpufleet.collector.remote_write import wire
 
@@ -72,6 +73,32 @@ def source_of(prep: Any) -> RowSource:
     return RowSource(cluster=b.agent.cluster, node=b.agent.node, ts=prep.ts, gpu=prep.gpu, job=prep.job,
                      vals=prep.vals, gpu_index={g.uuid: g.index for g in b.gpus},
                      job_user={j.job_id: j.user for j in b.jobs})
+
+
+def merged_sources(preps: Sequence[Any]) -> list[RowSource]:
+    """The stored batches as one RowSource per (cluster, node), in the order first seen: a
+    node's successive batches carry the same GPUs, so merged they are one series per (GPU,
+    job, field) with all its samples instead of one per batch (fewer series to encode, fewer
+    label sets on the wire for the receiver to parse)."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for p in preps:
+        if p.n:
+            groups.setdefault((p.batch.agent.cluster, p.batch.agent.node), []).append(p)
+    out = []
+    for (cluster, node), ps in groups.items():
+        if len(ps) == 1:
+            out.append(source_of(ps[0]))
+            continue
+        gpu_index: dict[str, int] = {}
+        job_user: dict[str, str | None] = {}
+        for p in ps:
+            gpu_index.update((g.uuid, g.index) for g in p.batch.gpus)
+            job_user.update((j.job_id, j.user) for j in p.batch.jobs)
+        out.append(RowSource(cluster=cluster, node=node, ts=np.concatenate([p.ts for p in ps]),
+                             gpu=[g for p in ps for g in p.gpu], job=[j for p in ps for j in p.job],
+                             vals=np.concatenate([p.vals for p in ps], axis=1), gpu_index=gpu_index,
+                             job_user=job_user))
+    return out
 
 
 class Exporter:
@@ -150,8 +177,8 @@ class Exporter:
         limit = self.settings.max_samples_per_send
         parts: list[bytes] = []
         count = 0
-        for p in preps:
-            series, n = self.encoder.series(source_of(p))
+        for src in merged_sources(preps):
+            series, n = self.encoder.series(src)
             parts.extend(series)
             count += n
             if count >= limit:

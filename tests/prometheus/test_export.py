@@ -64,6 +64,24 @@ def test_encoding_decodes_to_the_rows_labels_and_no_nan() -> None:
         Encoder(labels=["pod"])
 
 
+def test_a_nodes_batches_are_merged_into_one_series_per_gpu_and_field_in_time_order() -> None:
+    from gpufleet.collector.columns import prepare
+    from gpufleet.collector.export.exporter import merged_sources, source_of
+
+    later, earlier = (prepare(make_batch("n1", seq=k, start=1_790_000_000.0 + 10 * (1 - k), gpus=2, seconds=3,
+                                         fields=("power_w",))) for k in range(2))
+    other = prepare(make_batch("n2", gpus=1, seconds=2, fields=("power_w",)))
+    srcs = merged_sources([later, other, earlier])  # committed out of time order (a replayed spool)
+    assert [(x.cluster, x.node, len(x.ts)) for x in srcs] == [("default", "n1", 12), ("default", "n2", 2)]
+    enc = Encoder(fields=["power_w"])
+    merged = _decode([p for x in srcs for p in enc.series(x)[0]])
+    per_batch = [_decode(enc.series(source_of(b))[0]) for b in (later, other, earlier)]
+    assert len(merged) == 3 and sum(len(d) for d in per_batch) == 5  # 2 + 1 + 2 series before
+    for key, samples in merged.items():
+        assert [t for t, _ in samples] == sorted(t for t, _ in samples), key
+        assert sorted(samples) == sorted(x for d in per_batch for x in d.get(key, []))
+
+
 def test_vectorised_samples_equal_the_plain_encoding_including_odd_timestamps() -> None:
     from gpufleet.collector.export.encode import samples_bytes
 
