@@ -1,44 +1,62 @@
-"""Raw sample rows into ``gpu_samples`` (the wide layout: one row per GPU-second, one column
-per catalog field): binary COPY on PostgreSQL, one ``executemany`` on SQLite. The seam where
-the raw layout changes: a compact layout replaces ``insert_samples`` and its encoder, and
-nothing else of the write path sees rows."""
+"""Raw samples into ``gpu_sample_blocks``: the rows of one write grouped by (GPU, job,
+``BLOCK_S`` window), each group one compressed block (``sample_codec``), the blocks written
+with binary COPY on PostgreSQL and one ``executemany`` on SQLite. The raw layout's one write
+seam; ``raw_read`` is its one read seam.
+
+Why group by job too: a block carries one ``job_pk`` so a job's raw samples are found by
+the (job_pk, t0) index without decoding other jobs' blocks. Why a fixed window: a block never
+crosses a window (nor so a UTC day, the partition), so a lookup for [lo, hi) only needs blocks
+with ``lo - BLOCK_S < t0 < hi``, an index range."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection
 
-from gpufleet.storage.copy_encoding import SAMPLE_COLUMNS, copy_buffer
 from gpufleet.storage.dialect import is_postgres
-from gpufleet.storage.fields import IS_I8, NF
+from gpufleet.storage.sample_codec import encode_blocks
 
-COPY_SQL = f"COPY gpu_samples ({', '.join(SAMPLE_COLUMNS)}) FROM STDIN WITH (FORMAT binary)"
-_INSERT_SQL = (f"INSERT INTO gpu_samples ({', '.join(SAMPLE_COLUMNS)}) "
-               f"VALUES ({', '.join('?' * len(SAMPLE_COLUMNS))})")
+BLOCK_S = 600.0  # divides a day: blocks stay inside their daily partition
+BLOCK_COLUMNS = ("gpu_pk", "job_pk", "t0", "t1", "n", "data")
+COPY_SQL = f"COPY gpu_sample_blocks ({', '.join(BLOCK_COLUMNS)}) FROM STDIN WITH (FORMAT binary)"
+_COPY_TYPES = ("int4", "int4", "float8", "float8", "int4", "bytea")
+_INSERT_SQL = f"INSERT INTO gpu_sample_blocks ({', '.join(BLOCK_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)"
+
+BlockRow = tuple[int, int | None, float, float, int, bytes]
 
 
-def insert_samples(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> None:
+def block_rows(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> list[BlockRow]:
+    """(gpu_pk, job_pk or None, t0, t1, n, data) of the blocks holding these samples
+    (``job_pk`` < 0 = no job; (gpu, ts) unique, as the write path guarantees)."""
     if not len(ts):
+        return []
+    win = np.floor(ts / BLOCK_S)
+    order = np.lexsort((ts, win, job_pk, gpu_pk))
+    g, j, w, t = gpu_pk[order], job_pk[order], win[order], ts[order]
+    cut = (g[1:] != g[:-1]) | (j[1:] != j[:-1]) | (w[1:] != w[:-1])
+    starts = np.flatnonzero(np.r_[True, cut])
+    ends = np.r_[starts[1:], len(t)] - 1
+    data = encode_blocks(t, vals[:, order], starts)
+    jobs = j[starts].tolist()
+    return [(gg, None if jj < 0 else jj, t0, t1, int(e - s + 1), d)
+            for gg, jj, t0, t1, s, e, d in zip(g[starts].tolist(), jobs, t[starts].tolist(), t[ends].tolist(),
+                                               starts.tolist(), ends.tolist(), data, strict=True)]
+
+
+def write_block_rows(conn: Connection, rows: list[BlockRow]) -> None:
+    if not rows:
         return
     if is_postgres(conn):
-        buf = copy_buffer(ts, gpu_pk, job_pk, vals)
         raw = conn.connection.driver_connection
         # the DBAPI connection is Optional in SQLAlchemy's types; set on a checked-out connection
         with raw.cursor() as cur, cur.copy(COPY_SQL) as cp:  # type: ignore[union-attr]
-            cp.write(buf)
+            cp.set_types(list(_COPY_TYPES))
+            for r in rows:
+                cp.write_row(r)
         return
-    cols: list[Any] = [ts.tolist(), gpu_pk.tolist(), [None if j < 0 else j for j in job_pk.tolist()]]
-    for j in range(NF):
-        v = vals[j]
-        nan = np.isnan(v)
-        if nan.all():
-            cols.append([None] * len(ts))
-        elif IS_I8[j]:
-            cols.append([None if x else int(y) for x, y in zip(nan.tolist(), v.tolist(), strict=True)])
-        elif nan.any():
-            cols.append([None if x else y for x, y in zip(nan.tolist(), v.tolist(), strict=True)])
-        else:
-            cols.append(v.tolist())
-    conn.exec_driver_sql(_INSERT_SQL, list(zip(*cols, strict=True)))
+    conn.exec_driver_sql(_INSERT_SQL, rows)
+
+
+def insert_samples(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> None:
+    """Store these samples (``vals`` (NF, n), NaN = absent) inside the caller's transaction."""
+    write_block_rows(conn, block_rows(ts, gpu_pk, job_pk, vals))

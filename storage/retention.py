@@ -1,12 +1,14 @@
 """Daily partitions (PostgreSQL) and retention (both databases).
 
-On PostgreSQL ``gpu_samples`` (on ``ts``) and the two 1-minute rollup tables (on ``bucket``)
-are declaratively range-partitioned by UTC day. Partitions are created ahead of time by the
+On PostgreSQL the raw blocks ``gpu_sample_blocks`` (on ``t0``) and the two 1-minute rollup
+tables (on ``bucket``) are declaratively range-partitioned by UTC day. Partitions are created ahead of time by the
 collector's maintenance loop and on demand for older data (imports, spooled batches), each
 in its own short transaction: ``CREATE TABLE .. PARTITION OF`` takes a strong lock on the
 parent, which must never be requested from inside a write transaction that already holds a
 weaker one (that is how concurrent writers deadlock). Retention drops whole partitions,
-which costs nothing like a ``DELETE``; SQLite deletes rows instead."""
+which costs nothing like a ``DELETE``; SQLite deletes rows instead. Raw retention may be
+a fraction of a day (``raw_days = 0.25`` keeps 6 hours): the raw blocks ending before the
+cutoff in the day that holds it are deleted too (a few rows per GPU-window, not samples)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ from gpufleet.storage.dialect import is_postgres
 log = logging.getLogger(__name__)
 
 DAY = 86400
-RAW_TABLES = {"gpu_samples": "ts"}
+RAW_TABLES = {"gpu_sample_blocks": "t0"}
+# A raw block is expired when its last sample is (t1): blocks never cross a day, so the
+# partition of day d holds only blocks with t1 < d + DAY.
+_EXPIRED_BY = {"gpu_sample_blocks": "t1"}
 ROLLUP_TABLES = {"gpu_samples_1m": "bucket", "job_samples_1m": "bucket"}
 PARTITIONED = {**RAW_TABLES, **ROLLUP_TABLES}
 _NAME_RE = re.compile(r"^(?P<table>[a-z0-9_]+)_p(?P<day>\d{8})$")
@@ -170,9 +175,14 @@ def apply_retention(engine: Engine, now: float, raw_days: float, rollup_days: fl
                         _known.discard((url, table, day))
                     dropped += 1
             out[table] = dropped
+            if table in _EXPIRED_BY:  # within the day holding the cutoff
+                with engine.begin() as c:
+                    c.execute(text(f"DELETE FROM {table} WHERE {col} >= :d AND {col} < :c "
+                                   f"AND {_EXPIRED_BY[table]} < :c"), {"d": day_of(cutoff), "c": cutoff})
         else:
             with engine.begin() as c:
-                out[table] = c.execute(text(f"DELETE FROM {table} WHERE {col} < :c"), {"c": cutoff}).rowcount
+                out[table] = c.execute(text(f"DELETE FROM {table} WHERE {_EXPIRED_BY.get(table, col)} < :c"),
+                                       {"c": cutoff}).rowcount
     with engine.begin() as c:
         # The idempotency ledger only needs to outlive any retry: keep it as long as raw data.
         c.execute(text("DELETE FROM ingest_batches WHERE received_at < :c"), {"c": now - raw_days * DAY})

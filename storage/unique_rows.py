@@ -7,7 +7,8 @@ Cost model: the common case (rows later than everything stored for their GPU-min
 decided from the GPU-minute rollup rows alone (their ``last_ts`` bounds every stored sample of
 that minute): one indexed join per group commit, which returns nothing in the steady state.
 Only a GPU-minute where new rows do not all come after ``last_ts`` (late or repeated data)
-reads raw timestamps, for those GPUs and that time span only.
+reads raw timestamps, for those GPUs and that time span only: the blocks overlapping it,
+found by the (gpu_pk, t0) index, with only their timestamps decoded (``raw_read.stored_keys``).
 
 Limits (docs/protocol.md): two transactions writing the same GPU-minute concurrently do not
 see each other's rows, and rows older than raw retention are not compared (their rollups are
@@ -21,6 +22,7 @@ from sqlalchemy import Connection
 
 from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.pg_arrays import pg_array, query_prepared
+from gpufleet.storage.raw_read import stored_keys
 from gpufleet.storage.rollups import BUCKET_S
 
 
@@ -43,7 +45,7 @@ def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray) -> tuple[np.n
     if not overlap:
         return keep, order
     og = sorted({gg for gg, _ in overlap})
-    seen = _raw_keys(conn, og, min(bb for _, bb in overlap), max(bb for _, bb in overlap) + BUCKET_S)
+    seen = stored_keys(conn, og, min(bb for _, bb in overlap), max(bb for _, bb in overlap) + BUCKET_S)
     if seen:
         rows = np.flatnonzero(keep & np.isin(gpu_pk, og))
         for r, gg, tt in zip(rows.tolist(), gpu_pk[rows].tolist(), ts[rows].tolist(), strict=True):
@@ -69,13 +71,3 @@ def _overlapping(conn: Connection, gpus: np.ndarray, buckets: np.ndarray, first_
          "JOIN gpu_samples_1m r ON r.gpu_pk = k.g AND r.bucket = k.b WHERE k.t <= r.last_ts")
     arg = msgspec.json.encode(list(zip(gpus.tolist(), buckets.tolist(), first_ts.tolist(), strict=True))).decode()
     return [(g, b) for g, b in conn.exec_driver_sql(q, (arg,)).all()]
-
-
-def _raw_keys(conn: Connection, gpus: list[int], lo: float, hi: float) -> set[tuple[int, float]]:
-    if is_postgres(conn):
-        q = "SELECT gpu_pk, ts FROM gpu_samples WHERE ts >= %s AND ts < %s AND gpu_pk = ANY(%s::int4[])"
-        rows = conn.exec_driver_sql(q, (lo, hi, gpus)).all()
-    else:
-        q = "SELECT gpu_pk, ts FROM gpu_samples WHERE ts >= ? AND ts < ? AND gpu_pk IN (SELECT value FROM json_each(?))"
-        rows = conn.exec_driver_sql(q, (lo, hi, msgspec.json.encode(gpus).decode())).all()
-    return {(g, t) for g, t in rows}

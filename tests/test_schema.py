@@ -23,11 +23,11 @@ def _tables(url: str) -> set[str]:
 
 def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     # database_url arrives at head; walk it all the way down and back up.
-    assert {"jobs", "gpu_samples", "flags", "allocations"} <= _tables(database_url)
+    assert {"jobs", "gpu_sample_blocks", "flags", "allocations"} <= _tables(database_url)
     downgrade(database_url, "base")
     assert _tables(database_url) == set()
     upgrade(database_url, "head")
-    assert {"clusters", "nodes", "gpus", "jobs", "allocations", "gpu_samples", "events", "flags"} <= _tables(
+    assert {"clusters", "nodes", "gpus", "jobs", "allocations", "gpu_sample_blocks", "events", "flags"} <= _tables(
         database_url
     )
 
@@ -47,14 +47,16 @@ def test_models_match_migrations(database_url: str) -> None:
     assert relevant == [], relevant
 
 
-def test_every_catalog_field_has_a_sample_column(database_url: str) -> None:
+def test_every_catalog_field_has_a_rollup_column(database_url: str) -> None:
+    # Raw samples are blocks holding every catalog field (storage/sample_codec.py); the
+    # 1-minute rollups have a column per field.
     e = make_engine(database_url)
     try:
-        cols = {c["name"] for c in inspect(e).get_columns("gpu_samples")}
+        cols = {c["name"] for c in inspect(e).get_columns("gpu_samples_1m")}
     finally:
         e.dispose()
     missing = [f for f in CATALOG.names if f not in cols]
-    assert not missing, f"catalog fields without a gpu_samples column (add a migration): {missing}"
+    assert not missing, f"catalog fields without a gpu_samples_1m column (add a migration): {missing}"
 
 
 def test_default_cluster_exists(engine) -> None:  # type: ignore[no-untyped-def]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.storage.raw_read import count_raw_samples, raw_records
+
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 
@@ -89,14 +91,14 @@ def collector_process(tmp_path: Path) -> Iterator[Callable[[str], CollectorProce
 
 
 def stored(database_url: str) -> tuple[int, int]:
-    """(rows in gpu_samples, distinct (gpu, ts) pairs)."""
+    """(raw samples stored, distinct (gpu, ts) pairs)."""
     import sqlalchemy as sa
 
     eng = sa.create_engine(database_url)
     try:
         with eng.connect() as c:
-            n = c.execute(sa.text("select count(*) from gpu_samples")).scalar_one()
-            d = c.execute(sa.text("select count(*) from (select distinct gpu_pk, ts from gpu_samples) x")).scalar_one()
+            n = count_raw_samples(c)
+            d = len({(r["gpu_pk"], r["ts"]) for r in raw_records(c)})
     finally:
         eng.dispose()
     return int(n), int(d)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import sqlalchemy as sa
 
 from gpufleet.agent.attribution.slurm import SlurmAttributor
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.agent.sources.dcgm_exporter import DcgmExporterSource
 from gpufleet.agent.sources.nvml import NvmlSource
+from gpufleet.storage.raw_read import read_raw
+from tests.raw_samples_helpers import raw_count
 
 from ..support.fake_nvml import FakeNvml, a100, h100
 from .conftest import TickClock
@@ -24,6 +27,15 @@ def _deliver(agent: Agent) -> None:
     while len(agent.spool) and time.monotonic() < deadline:
         agent.sender.send_one()
     assert len(agent.spool) == 0
+
+
+def _max_raw(url: str, field: str) -> float:
+    eng = sa.create_engine(url)
+    try:
+        with eng.connect() as c:
+            return float(np.nanmax(read_raw(c, fields=[field]).vals[0]))
+    finally:
+        eng.dispose()
 
 
 def _query(url: str, sql: str) -> list[tuple]:
@@ -54,7 +66,7 @@ def test_nvml_node_with_slurm_job_and_mig(database_url, live_server, tmp_path: P
         time.sleep(0.11)  # GPM's 100 ms
     _deliver(agent)
     src.close()
-    assert _query(database_url, "select count(*) from gpu_samples") == [(3 * 7,)]  # 3 GPUs + 4 MIG rows
+    assert raw_count(database_url) == 3 * 7  # 3 GPUs + 4 MIG rows
     assert _query(database_url, 'select job_id, "user", account from jobs') == [("280678", "alice", "nlp")]
     n_alloc = _query(database_url, "select count(*) from allocations")[0][0]
     assert n_alloc == 3  # GPU 0 (process), GPU 1 (mapping dir), the MIG instance (process)
@@ -85,9 +97,9 @@ def test_dcgm_exporter_node_with_pods(database_url, live_server, tmp_path: Path)
     finally:
         exp.httpd.shutdown()
         exp.httpd.server_close()
-    assert _query(database_url, "select count(*) from gpu_samples") == [(4,)]
+    assert raw_count(database_url) == 4
     assert _query(database_url, "select job_id, source, namespace from jobs") == [("ml/p0", "kubernetes", "ml")]
-    assert _query(database_url, "select max(fb_used_bytes) from gpu_samples") == [(1024 * 2**20,)]
+    assert _max_raw(database_url, "fb_used_bytes") == 1024 * 2**20
 
 
 def test_bearer_token_against_a_collector_that_requires_one(database_url, live_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -123,4 +135,4 @@ def test_bearer_token_against_a_collector_that_requires_one(database_url, live_s
     a.spool.unlock()
     a = agent(good)
     _deliver(a)
-    assert _query(database_url, "select count(*) from gpu_samples") == [(2,)]
+    assert raw_count(database_url) == 2

@@ -15,6 +15,7 @@ from gpufleet.agent.batching import Journal
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.agent.simulator import SimulatedFleet
 from gpufleet.agent.spool import Spool
+from tests.raw_samples_helpers import uuid_keys
 
 from .conftest import PY, REPO, AgentThread, DropAckProxy, TickClock, stored
 
@@ -172,8 +173,7 @@ def _db_keys(database_url: str) -> set[tuple[str, float]]:
     eng = sa.create_engine(database_url)
     try:
         with eng.connect() as c:
-            return {(u, t) for u, t in c.execute(sa.text(
-                "select g.uuid, s.ts from gpu_samples s join gpus g on g.id = s.gpu_pk"))}
+            return set(uuid_keys(c))
     finally:
         eng.dispose()
 

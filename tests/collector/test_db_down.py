@@ -63,4 +63,4 @@ def test_database_down_is_503_with_retry_after_and_no_traceback(pg_url, live_ser
         assert r.json() == {"stored": 80, "duplicate": False}
     assert httpx.get(srv.url + "/api/v1/jobs", headers={"Authorization": f"Bearer {viewer}"},
                      timeout=30).status_code == 200
-    assert counts(pg_url)["gpu_samples"] == 240
+    assert counts(pg_url)["raw_samples"] == 240

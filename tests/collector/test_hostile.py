@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
+from gpufleet.storage.raw_read import count_raw_samples
+
 from .conftest import make_batch
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
@@ -50,9 +52,9 @@ def _set(obj: Any, path: tuple[Any, ...], value: Any) -> None:
 
 def _totals(engine: Any) -> tuple[int, int, int, int]:
     with engine.connect() as c:
-        return tuple(c.execute(text(  # type: ignore[return-value]
-            "select (select count(*) from gpu_samples), (select count(*) from ingest_batches), "
-            "(select count(*) from jobs), (select count(*) from events)")).one())
+        rest = c.execute(text("select (select count(*) from ingest_batches), (select count(*) from jobs), "
+                              "(select count(*) from events)")).one()
+        return (count_raw_samples(c), *rest)  # type: ignore[return-value]
 
 
 def _encode(doc: dict, fmt: str) -> tuple[bytes, dict[str, str]] | None:

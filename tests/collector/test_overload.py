@@ -45,6 +45,6 @@ def test_full_queue_is_503_with_retry_after(sqlite_url, live_server, monkeypatch
     first.join(30)
     second.join(30)
     assert results[0].status_code == 200 and results[1].status_code == 200
-    assert counts(sqlite_url)["gpu_samples"] == 3 * 80  # warm-up + the two accepted; not the refused one
+    assert counts(sqlite_url)["raw_samples"] == 3 * 80  # warm-up + the two accepted; not the refused one
     # The refused batch is simply retried later (same key) and stored once.
     assert post(srv.url, make_batch("n2", seq=0, start=time.time() - 30)).json() == {"stored": 80, "duplicate": False}

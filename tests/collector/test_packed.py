@@ -21,6 +21,7 @@ from gpufleet import protocol
 from gpufleet.collector.columns import prepare
 from gpufleet.collector.errors import BatchRejected
 from gpufleet.collector.fastdecode import decode_prepared
+from gpufleet.storage.raw_read import count_raw_samples, raw_records
 
 from .conftest import make_batch
 
@@ -83,10 +84,12 @@ def _post(url: str, doc: dict[str, Any]) -> httpx.Response:
 
 def _rows(engine: Any, node: str) -> list[tuple[Any, ...]]:
     with engine.connect() as c:
-        return [tuple(r) for r in c.execute(text(
-            "select s.ts, g.\"index\", j.job_id, s.sm_active, s.power_w, s.xid_last, s.energy_j from gpu_samples s "
-            "join gpus g on g.id = s.gpu_pk join nodes n on n.id = g.node_id left join jobs j on j.id = s.job_pk "
-            "where n.name = :n order by s.ts, g.\"index\""), {"n": node})]
+        gpus = dict(c.execute(text("select g.id, g.\"index\" from gpus g join nodes n on n.id = g.node_id "
+                                   "where n.name = :n"), {"n": node}).all())
+        jobs = dict(c.execute(text("select id, job_id from jobs")).all())
+        rows = [(r["ts"], gpus[r["gpu_pk"]], jobs.get(r["job_pk"]), r["sm_active"], r["power_w"], r["xid_last"],
+                 r["energy_j"]) for r in raw_records(c, gpu_pks=list(gpus))]
+        return sorted(rows, key=lambda r: (r[0], r[1]))
 
 
 def test_packed_and_list_forms_store_the_same_rows(server) -> None:  # type: ignore[no-untyped-def]
@@ -169,11 +172,11 @@ def test_hostile_packed_never_5xx_never_partial(server, part, value, row, specia
     except (UnicodeEncodeError, OverflowError):
         return  # not representable in msgpack (a lone surrogate): nothing to send
     with engine.connect() as c:
-        before = c.execute(text("select count(*) from gpu_samples")).scalar_one()
+        before = count_raw_samples(c)
     r = httpx.post(srv.url + "/api/v1/ingest", content=body, headers={"Content-Type": protocol.MSGPACK}, timeout=30)
     assert r.status_code < 500, (part, value, r.text)
     with engine.connect() as c:
-        after = c.execute(text("select count(*) from gpu_samples")).scalar_one()
+        after = count_raw_samples(c)
     if r.status_code == 200:
         assert after == before + r.json()["stored"]
     else:
@@ -379,7 +382,7 @@ def test_section_checks_run_once_on_each_path(monkeypatch: pytest.MonkeyPatch) -
 
 _FK = {"cluster_id": ("clusters", "name"), "node_id": ("nodes", "name"), "gpu_pk": ("gpus", "uuid"),
        "job_pk": ("jobs", "job_id")}
-_TABLES = ["nodes", "gpus", "jobs", "allocations", "events", "gpu_samples", "gpu_samples_1m", "job_samples_1m",
+_TABLES = ["nodes", "gpus", "jobs", "allocations", "events", "raw_samples", "gpu_samples_1m", "job_samples_1m",
            "job_progress", "nic_samples", "gpu_nics", "collective_windows"]
 
 
@@ -390,7 +393,9 @@ def _snapshot(c: Any) -> dict[str, list[str]]:
     out = {}
     for table in _TABLES:
         rows = []
-        for r in c.execute(text(f"select * from {table}")).mappings():
+        # raw samples are blocks: compared decoded, one record per sample
+        records = raw_records(c) if table == "raw_samples" else c.execute(text(f"select * from {table}")).mappings()
+        for r in records:
             rows.append(repr(sorted((k, names[k].get(v) if k in names else v) for k, v in r.items() if k != "id")))
         out[table] = sorted(rows)
     return out
@@ -422,5 +427,5 @@ def test_agent_batch_with_nics_and_progress_takes_the_fast_path_and_stores_the_s
             tx.rollback()
     assert snaps[0] == snaps[1]
     stored, rows = snaps[0]
-    assert stored == 80 and len(rows["gpu_samples"]) == 80
+    assert stored == 80 and len(rows["raw_samples"]) == 80
     assert len(rows["nic_samples"]) == len(rows["gpu_nics"]) == len(rows["job_progress"]) == 8

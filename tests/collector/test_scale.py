@@ -10,7 +10,9 @@ from sqlalchemy import text
 
 from gpufleet.storage import retention
 from gpufleet.storage.db import make_engine
+from gpufleet.storage.raw_read import count_raw_samples
 from gpufleet.storage.write_cache import WriteCache
+from tests.raw_samples_helpers import uuid_records
 
 from .conftest import make_batch, store
 from .test_ingest import counts, post
@@ -55,7 +57,7 @@ def test_two_collectors_same_batches_stored_once(database_url, live_server) -> N
     assert sum(x["stored"] for x in answers) == 16 * 40
     assert sum(x["duplicate"] for x in answers) == 16
     c = counts(database_url)
-    assert c["gpu_samples"] == 16 * 40 and c["ingest_batches"] == 16
+    assert c["raw_samples"] == 16 * 40 and c["ingest_batches"] == 16
     e = make_engine(database_url)
     with e.connect() as conn:
         assert conn.execute(text("select coalesce(sum(n), 0) from gpu_samples_1m")).scalar_one() == 16 * 40
@@ -77,7 +79,7 @@ def test_group_commit_many_batches_one_transaction(database_url) -> None:
         r2 = store(c, bs, now, cache)
     assert r2.duplicate and r2.stored == 0
     e.dispose()
-    assert counts(database_url)["gpu_samples"] == 600
+    assert counts(database_url)["raw_samples"] == 600
 
 
 def test_partitions_and_retention(pg_url) -> None:
@@ -90,14 +92,14 @@ def test_partitions_and_retention(pg_url) -> None:
         store(c, [old, new], now)
     assert retention.ensure_ahead(e, now) >= 1  # tomorrow's partitions did not exist yet
     with e.connect() as c:
-        parts = dict(retention.list_partitions(c, "gpu_samples"))
-    assert retention.partition_name("gpu_samples", day) in parts
-    assert retention.partition_name("gpu_samples", day - 20 * 86400) in parts
-    assert retention.partition_name("gpu_samples", day + 86400) in parts
+        parts = dict(retention.list_partitions(c, "gpu_sample_blocks"))
+    assert retention.partition_name("gpu_sample_blocks", day) in parts
+    assert retention.partition_name("gpu_sample_blocks", day - 20 * 86400) in parts
+    assert retention.partition_name("gpu_sample_blocks", day + 86400) in parts
     dropped = retention.apply_retention(e, now, raw_days=14, rollup_days=400)
-    assert dropped["gpu_samples"] == 1 and dropped["gpu_samples_1m"] == 0
+    assert dropped["gpu_sample_blocks"] == 1 and dropped["gpu_samples_1m"] == 0
     with e.connect() as c:
-        assert c.execute(text("select count(*) from gpu_samples")).scalar_one() == 2
+        assert count_raw_samples(c) == 2
         assert c.execute(text("select count(*) from gpu_samples_1m")).scalar_one() == 2
     e.dispose()
 
@@ -109,9 +111,9 @@ def test_retention_sqlite(sqlite_url) -> None:
         store(c, [make_batch("r1", seq=0, start=now - 20 * 86400, gpus=1, seconds=2),
                           make_batch("r1", seq=1, start=now - 60, gpus=1, seconds=2)], now)
     out = retention.apply_retention(e, now, raw_days=14, rollup_days=400)
-    assert out["gpu_samples"] == 2 and out["gpu_samples_1m"] == 0
+    assert out["gpu_sample_blocks"] == 1 and out["gpu_samples_1m"] == 0
     with e.connect() as c:
-        assert c.execute(text("select count(*) from gpu_samples")).scalar_one() == 2
+        assert count_raw_samples(c) == 2
     e.dispose()
 
 
@@ -129,8 +131,8 @@ def test_import_spanning_days_creates_partitions(pg_url, tmp_path, n_days) -> No
     e = make_engine(pg_url)
     assert import_file(e, str(p)).stored == n_days
     with e.connect() as c:
-        names = {n for n, _ in retention.list_partitions(c, "gpu_samples")}
-    assert {retention.partition_name("gpu_samples", start + d * 86400) for d in range(n_days)} <= names
+        names = {n for n, _ in retention.list_partitions(c, "gpu_sample_blocks")}
+    assert {retention.partition_name("gpu_sample_blocks", start + d * 86400) for d in range(n_days)} <= names
     e.dispose()
 
 
@@ -149,8 +151,8 @@ def test_samples_round_trip_exactly(database_url) -> None:
     with e.begin() as c:
         store(c, [b], now)
     with e.connect() as c:
-        rows = c.execute(text("select s.*, g.uuid, j.job_id from gpu_samples s join gpus g on g.id = s.gpu_pk "
-                              "left join jobs j on j.id = s.job_pk")).mappings().all()
+        job_ids = dict(c.execute(text("select id, job_id from jobs")).all())
+        rows = [{**r, "job_id": job_ids.get(r["job_pk"])} for r in uuid_records(c)]
     e.dispose()
     got = {(r["uuid"], r["ts"]): r for r in rows}
     assert len(got) == len(b.samples["ts"]) == 12
@@ -204,7 +206,7 @@ def test_serve_with_two_worker_processes(pg_url, tmp_path) -> None:
         log.close()
     assert all(not x["duplicate"] and x["stored"] == 20 for x in first), first
     assert all(x["duplicate"] for x in again)
-    assert counts(pg_url)["gpu_samples"] == 60 * 20 + 1
+    assert counts(pg_url)["raw_samples"] == 60 * 20 + 1
     pids = {line.split("[")[1].split("]")[0] for line in (tmp_path / "serve.log").read_text().splitlines()
             if "Started server process" in line}
     assert len(pids) == 2, (tmp_path / "serve.log").read_text()[-2000:]

@@ -42,7 +42,7 @@ def test_deeply_nested_labels_are_a_4xx_and_store_nothing(database_url, live_ser
     body, ctype = _nested_body(doc, fmt), protocol.JSON if fmt == "json" else protocol.MSGPACK
     r = httpx.post(srv.url + "/api/v1/ingest", content=body, headers={"Content-Type": ctype}, timeout=30)
     assert r.status_code == 400 and "labels" in r.json()["detail"], r.text
-    assert counts(database_url)["gpu_samples"] == 0
+    assert counts(database_url)["raw_samples"] == 0
     # the collector still works: the same batch without the nesting is stored
     assert post(srv.url, make_batch("deep", seq=0, start=time.time() - 60, gpus=1, seconds=2)).status_code == 200
 
@@ -56,7 +56,7 @@ def test_deeply_nested_import_line_names_the_line(database_url, tmp_path: Path) 
         import_file(e, str(p))
     assert err.value.status == 422 and "line 2" in err.value.detail and "nested" in err.value.detail
     e.dispose()
-    assert counts(database_url)["gpu_samples"] == 0
+    assert counts(database_url)["raw_samples"] == 0
 
 
 # --- item 5: the 64 KiB line limit holds while reading -----------------------------------
@@ -87,7 +87,7 @@ def test_import_refuses_a_huge_line_without_reading_it_whole(database_url, tmp_p
         ndjson._read_line = orig
     assert "line 1" in err.value.detail and f"longer than {MAX_LINE} bytes" in err.value.detail
     assert max(longest) <= MAX_LINE + 1
-    assert counts(database_url)["gpu_samples"] == 0
+    assert counts(database_url)["raw_samples"] == 0
 
 
 def test_import_line_of_exactly_the_limit_is_accepted(database_url, tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_node_token_cannot_rewrite_another_nodes_job(database_url, live_server) 
         job = c.execute(text("select \"user\", name from jobs where job_id = '777'")).one()
         own_b = c.execute(text("select count(*) from jobs where job_id = 'own-b'")).scalar_one()
     assert tuple(job) == ("bob", "train") and own_b == 0
-    assert counts(database_url)["gpu_samples"] == 4  # node-b's refused batch stored nothing
+    assert counts(database_url)["raw_samples"] == 4  # node-b's refused batch stored nothing
     # the same batch without the foreign description is node-b's own business: stored
     hijack.jobs.pop()
     assert post(srv.url, hijack, token=tb).json() == {"stored": 4, "duplicate": False}

@@ -60,10 +60,10 @@ def test_node_token_cannot_write_another_node(database_url, live_server) -> None
     assert post(srv.url, make_batch("node-a", seq=0, start=now, cluster="other"), token=a).status_code == 403
     assert post(srv.url, make_batch("node-c", seq=0, start=now), token=cl).status_code == 403  # wrong cluster
     assert post(srv.url, make_batch("node-a", seq=0, start=now), token=viewer).status_code == 403  # cannot write
-    assert counts(database_url)["gpu_samples"] == 0
+    assert counts(database_url)["raw_samples"] == 0
     assert post(srv.url, make_batch("node-a", seq=0, start=now), token=a).status_code == 200
     assert post(srv.url, make_batch("node-c", seq=0, start=now, cluster="other"), token=cl).status_code == 200
-    assert counts(database_url)["gpu_samples"] == 160
+    assert counts(database_url)["raw_samples"] == 160
 
 
 def test_node_cannot_claim_another_nodes_gpu(sqlite_url, live_server) -> None:
@@ -75,7 +75,7 @@ def test_node_cannot_claim_another_nodes_gpu(sqlite_url, live_server) -> None:
     b.samples["gpu"] = [b.gpus[0].uuid if u == make_batch("node-b").gpus[0].uuid else u for u in b.samples["gpu"]]
     r = post(srv.url, b)
     assert r.status_code == 409 and "node-a" in r.json()["detail"]
-    assert counts(sqlite_url)["gpu_samples"] == 80
+    assert counts(sqlite_url)["raw_samples"] == 80
 
 
 def test_token_cli(sqlite_url, capsys) -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections import Counter
 
 import httpx
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from gpufleet.collector.remote_write import wire
+from tests.raw_samples_helpers import uuid_keys, uuid_records
 
 HEADERS = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
            "X-Prometheus-Remote-Write-Version": "0.1.0", "User-Agent": "gpufleet-test"}
@@ -24,11 +25,9 @@ def post(url: str, raw: bytes, token: str | None = None, **headers: str) -> http
 def stored(engine: Engine) -> Counter[tuple[str, float]]:
     """Raw rows by (GPU uuid, ts): a count above 1 is a doubled row."""
     with engine.connect() as c:
-        rows = c.execute(text("select g.uuid, s.ts from gpu_samples s join gpus g on g.id = s.gpu_pk")).all()
-    return Counter((u, float(t)) for u, t in rows)
+        return Counter(uuid_keys(c))
 
 
 def stored_values(engine: Engine, field: str) -> dict[tuple[str, float], float | None]:
     with engine.connect() as c:
-        rows = c.execute(text(f"select g.uuid, s.ts, s.{field} from gpu_samples s join gpus g on g.id = s.gpu_pk"))
-        return {(u, float(t)): v for u, t, v in rows}
+        return {(r["uuid"], r["ts"]): r[field] for r in uuid_records(c)}

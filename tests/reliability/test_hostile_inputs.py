@@ -13,6 +13,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gpufleet.storage.raw_read import count_raw_samples
+
 HOSTILE: list[object] = [
     "\x00", "a\x00b", "' OR 1=1 --", "<script>alert(1)</script>", "x" * 10_000, "\ud800", "-1", "1e309", "NaN",
     "../../etc/passwd", "%00", "\U0001F600" * 100, "", " ", "\n", "\r\nX-Injected: 1", "9" * 400, -1, 0, 1e309,
@@ -24,8 +26,9 @@ def _counts(url: str) -> tuple[int, int, int]:
     e = sa.create_engine(url)
     try:
         with e.connect() as c:
-            return tuple(int(c.execute(sa.text(f"select count(*) from {t}")).scalar_one())  # type: ignore[return-value]
-                         for t in ("alert_silences", "jobs", "gpu_samples"))
+            silences, jobs = (int(c.execute(sa.text(f"select count(*) from {t}")).scalar_one())
+                              for t in ("alert_silences", "jobs"))
+            return silences, jobs, count_raw_samples(c)
     finally:
         e.dispose()
 

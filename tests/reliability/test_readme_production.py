@@ -12,6 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from gpufleet.storage.db import make_engine
+from gpufleet.storage.raw_read import count_raw_samples
 from gpufleet.storage.tokens import create_token
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,5 +40,5 @@ def test_token_and_agent_flags_from_the_readme(sqlite_url: str, live_server, tmp
     assert r.returncode == 0 and "sent 1 batch" in r.stdout, r.stdout + r.stderr
     eng = sa.create_engine(sqlite_url)
     with eng.connect() as c:
-        assert c.execute(sa.text("select count(*) from gpu_samples")).scalar_one() == 2
+        assert count_raw_samples(c) == 2
     eng.dispose()

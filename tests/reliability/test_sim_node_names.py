@@ -12,6 +12,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from gpufleet.storage.raw_read import count_raw_samples
+
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "GPUFLEET_TEST": "1"}
 
@@ -52,7 +54,7 @@ def test_two_simulated_agents_both_store(tmp_path: Path, sqlite_url: str, live_s
     with eng.connect() as c:
         nodes = c.execute(sa.text("select distinct n.name from gpus g join nodes n on n.id = g.node_id "
                                   "order by n.name")).scalars().all()
-        rows = c.execute(sa.text("select count(*) from gpu_samples")).scalar_one()
+        rows = count_raw_samples(c)
     eng.dispose()
     assert list(nodes) == ["gpu-a017", "gpu-a018"]
     assert rows == 4

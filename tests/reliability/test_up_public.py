@@ -15,6 +15,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gpufleet.storage.raw_read import count_raw_samples
+
 from ..agent.conftest import free_port
 
 pytestmark = pytest.mark.slow
@@ -26,7 +28,7 @@ def _rows(db: Path) -> int:
     e = sa.create_engine(f"sqlite:///{db}")
     try:
         with e.connect() as c:
-            return int(c.execute(sa.text("select count(*) from gpu_samples")).scalar_one())
+            return int(count_raw_samples(c))
     except sa.exc.OperationalError:  # schema not there yet
         return 0
     finally:

@@ -72,7 +72,7 @@ def test_cache_matches_a_writer_without_one(engine) -> None:  # type: ignore[no-
     with_cache = _allocations(engine)
     with engine.begin() as c:
         # the same samples again: every table they went into starts empty (one sample per (GPU, ts))
-        for t in ("allocations", "ingest_batches", "gpu_samples", "gpu_samples_1m", "job_samples_1m"):
+        for t in ("allocations", "ingest_batches", "gpu_sample_blocks", "gpu_samples_1m", "job_samples_1m"):
             c.execute(text(f"delete from {t}"))
     for k, (job, dt) in enumerate(plan):
         _write(engine, WriteCache(), 100 + k, T0 + dt, job, T0 + dt + 10)

@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from gpufleet.catalog import CATALOG
 from gpufleet.storage import retention
+from gpufleet.storage.raw_read import raw_records
 from gpufleet.storage.write_cache import WriteCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,7 +41,7 @@ def test_merge_equals_raw_aggregates_with_missing_fields(engine) -> None:  # typ
         with engine.begin() as c:
             store(c, [b], T0 + 100, cache)
     with engine.connect() as c:
-        raw = [dict(r) for r in c.execute(text("select * from gpu_samples order by ts")).mappings()]
+        raw = raw_records(c)
         roll = [dict(r) for r in c.execute(text("select * from gpu_samples_1m")).mappings()]
     assert len(raw) == 60 and sum(r["n"] for r in roll) == 60
     for r in roll:

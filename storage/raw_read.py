@@ -1,0 +1,123 @@
+"""Every read of raw samples goes through here (the blocks of ``gpu_sample_blocks`` are
+opaque to everything else): ``read_raw`` for samples as numpy arrays, ``count_raw_samples``
+for tests and operations, ``stored_keys`` for the duplicate check (timestamps only), and
+``job_sample_matrix``, the goodput analysis's raw read (kept as the fallback once the
+analysis reads minute features).
+
+Only blocks that can overlap the asked time range are fetched: a block never crosses a
+``BLOCK_S`` window, so ``t0 >= floor(lo / BLOCK_S) * BLOCK_S`` bounds the index scan on
+(gpu_pk, t0) or (job_pk, t0) from below."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, func, select
+
+from gpufleet.storage.fields import FIELD_INDEX, FIELDS, NAMES
+from gpufleet.storage.models import gpu_sample_blocks as _b
+from gpufleet.storage.raw_samples import BLOCK_S
+from gpufleet.storage.sample_codec import decode_blocks, decode_times
+
+
+@dataclass(frozen=True, slots=True)
+class RawSamples:
+    """Samples sorted by (gpu_pk, ts): ``vals[i]`` is field ``fields[i]`` (NaN = absent);
+    ``job_pk`` -1 = no job."""
+
+    ts: np.ndarray
+    gpu_pk: np.ndarray
+    job_pk: np.ndarray
+    vals: np.ndarray
+    fields: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def field(self, name: str) -> np.ndarray:
+        row: np.ndarray = self.vals[self.fields.index(name)]
+        return row
+
+
+def _where(q: Any, job_pk: int | None, gpu_pks: Iterable[int] | None, t0: float, t1: float) -> Any:
+    if job_pk is not None:
+        q = q.where(_b.c.job_pk == int(job_pk))
+    if gpu_pks is not None:
+        q = q.where(_b.c.gpu_pk.in_(sorted({int(g) for g in gpu_pks})))
+    if math.isfinite(t0):
+        q = q.where(_b.c.t0 >= math.floor(t0 / BLOCK_S) * BLOCK_S, _b.c.t1 >= t0)
+    if math.isfinite(t1):
+        q = q.where(_b.c.t0 < t1)
+    return q
+
+
+def read_raw(conn: Connection, *, job_pk: int | None = None, gpu_pks: Iterable[int] | None = None,
+             t0: float = -math.inf, t1: float = math.inf, fields: Sequence[str] | None = None) -> RawSamples:
+    """The raw samples with ``t0 <= ts < t1`` of job ``job_pk`` and/or GPUs ``gpu_pks`` (all
+    when neither is given), with the values of ``fields`` (every catalog field by default)."""
+    names = tuple(NAMES if fields is None else fields)
+    unknown = [f for f in names if f not in FIELD_INDEX]
+    if unknown:
+        raise ValueError(f"unknown fields {unknown}")
+    q = _where(select(_b.c.gpu_pk, _b.c.job_pk, _b.c.data), job_pk, gpu_pks, t0, t1)
+    rows = conn.execute(q.order_by(_b.c.gpu_pk, _b.c.t0)).all()
+    ts, vals, counts = decode_blocks([bytes(r[2]) for r in rows])
+    gpu = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
+    job = np.repeat(np.array([-1 if r[1] is None else r[1] for r in rows], np.int64), counts)
+    keep = (ts >= t0) & (ts < t1)
+    order = np.lexsort((ts[keep], gpu[keep]))
+    pick = np.flatnonzero(keep)[order]
+    rowsel = [FIELD_INDEX[f] for f in names] if fields is not None else slice(None)
+    return RawSamples(ts[pick], gpu[pick], job[pick], vals[rowsel][:, pick], names)
+
+
+def raw_records(conn: Connection, **where: Any) -> list[dict[str, Any]]:
+    """``read_raw(conn, **where)`` as one dict per sample, shaped like a row of the old wide
+    table: ts, gpu_pk, job_pk (None = no job) and every field (None = absent, i8 fields as
+    int). For tests, exports and operations on small ranges; readers of many samples use
+    the arrays."""
+    r = read_raw(conn, **where)
+    is_int = [FIELDS[FIELD_INDEX[f]].dtype == "i8" for f in r.fields]
+    cols: list[list[Any]] = []
+    for v, integer in zip(r.vals, is_int, strict=True):
+        cols.append([None if x != x else (int(x) if integer else x) for x in v.tolist()])
+    keys = ("ts", "gpu_pk", "job_pk", *r.fields)
+    jobs = [None if j < 0 else j for j in r.job_pk.tolist()]
+    rows = zip(r.ts.tolist(), r.gpu_pk.tolist(), jobs, *cols, strict=True)
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def count_raw_samples(conn: Connection, *, job_pk: int | None = None, gpu_pks: Iterable[int] | None = None) -> int:
+    """How many raw samples are stored (a block's ``n``, nothing decoded)."""
+    q = _where(select(func.coalesce(func.sum(_b.c.n), 0)), job_pk, gpu_pks, -math.inf, math.inf)
+    return int(conn.execute(q).scalar_one())
+
+
+def stored_keys(conn: Connection, gpu_pks: Iterable[int], t0: float, t1: float) -> set[tuple[int, float]]:
+    """(gpu_pk, ts) of the stored samples of ``gpu_pks`` with ``t0 <= ts < t1``, decoding
+    only the timestamps of the blocks overlapping that range."""
+    q = _where(select(_b.c.gpu_pk, _b.c.data), None, gpu_pks, t0, t1)
+    out: set[tuple[int, float]] = set()
+    for g, data in conn.execute(q).all():
+        ts = decode_times(bytes(data))
+        out.update((g, t) for t in ts[(ts >= t0) & (ts < t1)].tolist())
+    return out
+
+
+def job_sample_matrix(conn: Connection, job_pk: int, since: float, fields: Sequence[str]) -> np.ndarray:
+    """(rows, 2 + len(fields)) float64 of job ``job_pk``'s samples with ts >= ``since``:
+    ts, gpu_pk, then the fields (NaN = absent), sorted by (gpu_pk, ts). What the goodput
+    analysis read from the wide raw table."""
+    r = read_raw(conn, job_pk=job_pk, t0=since if math.isfinite(since) else -math.inf, fields=fields)
+    out = np.empty((len(r), 2 + len(fields)))
+    out[:, 0] = r.ts
+    out[:, 1] = r.gpu_pk
+    out[:, 2:] = r.vals.T
+    return out
+
+
+__all__ = ["RawSamples", "count_raw_samples", "job_sample_matrix", "raw_records", "read_raw", "stored_keys"]
