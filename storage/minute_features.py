@@ -301,6 +301,10 @@ def _feature_sql(dialect: str) -> str:
 
 _HIST_MERGE_PG = (f"h = (SELECT array_agg(a + b ORDER BY i) FROM unnest({HIST_TABLE}.h, excluded.h) "
                   "WITH ORDINALITY AS u(a, b, i)), folds = " + f"{HIST_TABLE}.folds + 1")
+_HIST_SQL_PG = (f"INSERT INTO {HIST_TABLE} (job_pk, hour, folds, h) "
+                f"SELECT u.j, u.hr, 1, (%b::int4[])[(u.i - 1) * {HIST_LEN} + 1 : u.i * {HIST_LEN}] "
+                "FROM unnest(%b::int4[], %b::int4[]) WITH ORDINALITY AS u(j, hr, i) "
+                f"ON CONFLICT (job_pk, hour) DO UPDATE SET {_HIST_MERGE_PG}")
 _SQL: dict[str, str] = {}
 
 
@@ -318,10 +322,9 @@ def upsert_folded(conn: Connection, f: Folded) -> None:
         params = [pg_array(a, integer=c in INT_COLUMNS or c in ("job_pk", "gpu_pk"))
                   for c, a in zip(_COLS, arrays, strict=True)]
         execute_prepared(conn, sql, params)
-        for job, hour, h in zip(f.hist_job.tolist(), f.hist_hour.tolist(), f.hist, strict=True):
-            conn.exec_driver_sql(
-                f"INSERT INTO {HIST_TABLE} (job_pk, hour, folds, h) VALUES (%s, %s, 1, %s::int4[]) "
-                f"ON CONFLICT (job_pk, hour) DO UPDATE SET {_HIST_MERGE_PG}", (job, hour, h.tolist()))
+        # Every job-hour in one statement: the histograms travel as one flat array, sliced per row.
+        execute_prepared(conn, _HIST_SQL_PG, [pg_array(f.hist.ravel(), integer=True),
+                                              pg_array(f.hist_job, integer=True), pg_array(f.hist_hour, integer=True)])
         return
     pycols: list[list[Any]] = []
     for c, a in zip(_COLS, arrays, strict=True):

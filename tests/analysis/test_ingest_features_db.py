@@ -14,7 +14,7 @@ from gpufleet.analysis.runner import run_analysis
 from gpufleet.analysis.state import StateCache
 from gpufleet.collector.columns import prepare
 from gpufleet.protocol import AgentInfo, Allocation, Batch, GpuInfo, JobInfo
-from gpufleet.storage.minute_features import READ_COLUMNS, STATE, fold, merge_folded, read_states
+from gpufleet.storage.minute_features import READ_COLUMNS, STATE, fold, merge_folded, read_hist, read_states
 from gpufleet.storage.models import Flag, JobReport
 from gpufleet.storage.writes import write_batches
 
@@ -89,6 +89,7 @@ def test_the_upsert_merges_as_the_pure_merge(engine: Engine) -> None:
     with engine.connect() as c:
         job_pk = c.exec_driver_sql("SELECT id FROM jobs").scalar_one()
         got = read_states(c, job_pk, -1e18, 1e18)
+        hist = read_hist(c, job_pk)
         gpu_pk = {u: pk for pk, u in c.exec_driver_sql("SELECT id, uuid FROM gpus").all()}
         pg = c.dialect.name == "postgresql"
     model = None
@@ -107,3 +108,6 @@ def test_the_upsert_merges_as_the_pure_merge(engine: Engine) -> None:
     order = np.lexsort((want[:, 1], want[:, 0]))
     np.testing.assert_array_equal(got, want[order])
     assert set(STATE) <= set(READ_COLUMNS)
+    # histograms: element-wise sums per job-hour, and one fold counted per batch
+    assert [(h.hour, h.folds) for h in hist] == [(int(model.hist_hour[0]), len(seqs))]
+    np.testing.assert_array_equal(hist[0].h, model.hist[0])

@@ -1,0 +1,99 @@
+"""Analysis CPU of a 10,000-GPU fleet's hour: from minute features folded at ingest (what the
+runner reads now) against from raw samples (what it read before), side by side, per job,
+interleaved in one run, with both reports compared.
+
+    .venv/bin/python bench/goodput/features_bench.py           # 10,000 GPUs x 3,600 s
+    .venv/bin/python bench/goodput/features_bench.py --quick   # 1,000 GPUs
+
+The fleet and its samples are bench/goodput/throughput.py's. Not timed: making the samples and
+folding them into states (storage.minute_features.fold: the collector's work at ingest, shown
+separately) and the database read (runner_bench.py measures that). Timed per job, CPU of one
+core: raw -> features_for + histograms -> analyze, and states -> from_states + hist -> analyze."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import SIZES, make_arrays
+
+from gpufleet.analysis.config import load_thresholds
+from gpufleet.analysis.detectors import features_for
+from gpufleet.analysis.features import HIST_BINS, HIST_FIELDS, READ_COLUMNS, from_states, histograms
+from gpufleet.analysis.report import JobMeta, analyze
+from gpufleet.storage.minute_features import fold
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1,000 GPUs")
+    ap.add_argument("--gpus", type=int, default=10_000)
+    ap.add_argument("--seconds", type=int, default=3600)
+    ap.add_argument("--variants", type=int, default=24, help="distinct sample arrays per job size (reused)")
+    a = ap.parse_args(argv)
+    total = 1000 if a.quick else a.gpus
+    th = load_thresholds()
+    rng = np.random.default_rng(0)
+    t0 = 1_790_000_000.0
+    sizes: list[int] = []
+    i = 0
+    while sum(sizes) < total:
+        sizes.append(min(SIZES[i % len(SIZES)], total - sum(sizes)))
+        i += 1
+    pool = {s: [make_arrays(s, a.seconds, rng, t0) for _ in range(min(a.variants, sizes.count(s)))]
+            for s in set(sizes)}
+    f0 = time.process_time()
+    states = {}
+    for s, variants in pool.items():
+        for v, (ts, gpu, cols) in enumerate(variants):
+            f = fold(ts, gpu, np.zeros(len(ts), np.int64), cols)
+            rows = np.column_stack([{"bucket": f.bucket, "gpu_pk": f.gpu_pk, **f.cols}[c] for c in READ_COLUMNS])
+            states[(s, v)] = (rows, f.hist)
+    fold_cpu = time.process_time() - f0
+    raw_cpu = feat_cpu = 0.0
+    same = 0
+    rows_total = 0
+    for j, s in enumerate(sizes):
+        v = j % len(pool[s])
+        ts, gpu, cols = pool[s][v]
+        meta = JobMeta(job_id=str(j), start_ts=t0, end_ts=None, running=True,
+                       gpu_uuids=[f"GPU-{j}-{k}" for k in range(s)], gpu_nodes=[f"n{j}-{k // 8}" for k in range(s)],
+                       gpu_indexes=[k % 8 for k in range(s)], model="NVIDIA H100 80GB HBM3")
+        c0 = time.process_time()
+        ref = analyze(meta, features_for(th, ts, gpu, cols, s), histograms(cols), th=th, first_ts=t0,
+                      last_ts=t0 + a.seconds - 1)
+        c1 = time.process_time()
+        rows, hist = states[(s, v)]
+        tot = hist.sum(axis=0)
+        h = {name: tot[k * HIST_BINS:(k + 1) * HIST_BINS] for k, name in enumerate(HIST_FIELDS)}
+        got = analyze(meta, from_states(rows, list(range(s))), h, th=th, first_ts=t0, last_ts=t0 + a.seconds - 1)
+        c2 = time.process_time()
+        raw_cpu += c1 - c0
+        feat_cpu += c2 - c1
+        rows_total += len(rows)
+        same += json.dumps(ref.report, sort_keys=True) == json.dumps(got.report, sort_keys=True) and \
+            [(x.kind, x.scope) for x in ref.findings] == [(x.kind, x.scope) for x in got.findings]
+    print(f"fleet: {total:,} GPUs in {len(sizes):,} jobs, {a.seconds:,} s at 1 Hz = {total * a.seconds / 1e6:.1f} M "
+          f"GPU-samples = {rows_total:,} GPU-minute states")
+    print(f"analysis CPU from raw samples (before):      {raw_cpu:6.2f} s")
+    print(f"analysis CPU from minute features (now):     {feat_cpu:6.2f} s  ({raw_cpu / feat_cpu:.1f}x less; "
+          "goal <= 1.5 s for 10,000 GPUs)")
+    print(f"reports identical: {same} of {len(sizes)} jobs")
+    print(f"(ingest fold of the {sum(len(v) for v in pool.values())} distinct sample sets, not in either: "
+          f"{fold_cpu:.2f} s CPU)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
