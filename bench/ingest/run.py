@@ -56,6 +56,7 @@ from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo, encode  # noqa
 
 HERE = Path(__file__).resolve().parent
 LUA = HERE / "post_bodies.lua"
+RW_LUA = REPO / "bench" / "remote_write" / "post_snappy.lua"  # the same framing, remote write's headers
 PY = sys.executable
 FIELDS = CATALOG.fields
 NAMES = CATALOG.names
@@ -102,29 +103,45 @@ def locate_tools() -> dict[str, str | None]:
 # --- data --------------------------------------------------------------------------------------
 
 def field_values(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-    """Plausible values within each field's range (smooth-ish, like real telemetry)."""
+    """``n`` consecutive 1-Hz samples of one GPU that look like real telemetry to a compressor:
+    noisy activity ratios around a slowly wandering level, integer percentages where NVML
+    reports them, power that follows activity (mW resolution), a random-walk temperature in
+    whole degrees, clocks that sometimes drop, memory in steps, and counters that count
+    (energy always, error counters now and then). Not constants, not random bytes."""
+    t = np.arange(n, dtype=np.float64)
+    level = np.clip(rng.uniform(0.35, 0.9) + 0.08 * np.sin(t / rng.uniform(200, 900) + rng.uniform(0, 6))
+                    + np.cumsum(rng.normal(0, 0.002, n)), 0.02, 0.99)
+
+    def ratio(scale: float, noise: float) -> np.ndarray:
+        return np.clip(scale * level + rng.normal(0, noise, n), 0, 1)
+
+    drop = rng.random(n) < 0.02
+    v: dict[str, np.ndarray] = {
+        "gr_engine_active": ratio(1.05, 0.02), "sm_active": ratio(1.0, 0.03), "sm_occupancy": ratio(0.6, 0.03),
+        "tensor_active": ratio(0.55, 0.04), "dram_active": ratio(0.4, 0.03), "fp64_active": ratio(0.0, 0.0),
+        "fp32_active": ratio(0.08, 0.01), "fp16_active": ratio(0.3, 0.03),
+        "gpu_util": np.round(ratio(1.1, 0.02), 2), "mem_copy_util": np.round(ratio(0.35, 0.03), 2),
+        "fb_total_bytes": np.full(n, 80.0 * 2**30),
+        "fb_used_bytes": (40 + 2 * np.floor(np.cumsum(rng.random(n) < 0.002))) * 2**30 % (79 * 2**30),
+        "power_w": np.round(90 + 580 * level + rng.normal(0, 8, n), 3),
+        "temp_c": np.round(np.clip(48 + 22 * level + np.cumsum(rng.normal(0, 0.15, n)), 30, 90)),
+        "sm_clock_mhz": np.where(drop, 1755.0, 1980.0), "mem_clock_mhz": np.full(n, 2619.0),
+        "clock_event_reasons": np.where(drop, 4.0, 0.0),
+        "pcie_tx_bytes_s": np.round(np.abs(rng.normal(2e8, 3e7, n))),
+        "pcie_rx_bytes_s": np.round(np.abs(rng.normal(6e8, 8e7, n))),
+        "nvlink_tx_bytes_s": np.round(1.2e11 * ratio(0.5, 0.05)),
+        "nvlink_rx_bytes_s": np.round(1.2e11 * ratio(0.5, 0.05)),
+        "ib_tx_bytes_s": np.round(2.4e10 * ratio(0.4, 0.05)), "ib_rx_bytes_s": np.round(2.4e10 * ratio(0.4, 0.05)),
+        "xid_last": np.zeros(n), "ecc_dbe_volatile": np.zeros(n),
+        "ecc_sbe_volatile": np.cumsum(rng.random(n) < 0.001).astype(np.float64), "row_remap_failure": np.zeros(n),
+        "nvlink_error_count": np.cumsum(rng.random(n) < 0.0005).astype(np.float64),
+        "pcie_replay_count": np.cumsum(rng.random(n) < 0.0002).astype(np.float64),
+    }
+    v["energy_j"] = np.round(2e7 + rng.uniform(0, 1e7) + np.cumsum(v["power_w"]), 3)
     out: dict[str, np.ndarray] = {}
-    base = rng.uniform(0.2, 0.95)
     for f in FIELDS:
-        if f.unit == "ratio":
-            v = np.clip(base + rng.normal(0, 0.05, n), 0, 1)
-        elif f.dtype == "i8":
-            v = np.zeros(n) if f.unit != "bitmask" else rng.choice([0.0, 1.0, 4.0], n)
-        elif f.name == "fb_total_bytes":
-            v = np.full(n, 80.0 * 2**30)
-        elif f.name == "fb_used_bytes":
-            v = np.full(n, 60.0 * 2**30) + rng.normal(0, 2**26, n)
-        elif f.name == "energy_j":
-            v = 1e7 + np.cumsum(rng.uniform(300, 700, n))
-        elif f.unit == "W":
-            v = rng.normal(500, 20, n)
-        elif f.unit == "C":
-            v = rng.normal(60, 2, n)
-        elif f.unit == "MHz":
-            v = np.full(n, 1980.0)
-        else:  # bytes/s
-            v = np.abs(rng.normal(1e9, 1e8, n))
-        out[f.name] = np.clip(v, f.min, f.max)
+        x = v[f.name] if f.name in v else ratio(0.5, 0.05)  # a field added to the catalog later
+        out[f.name] = np.clip(x, f.min, f.max)
     return out
 
 
@@ -134,7 +151,8 @@ def gpu_uuid(node: str, g: int) -> str:
 
 class Templates:
     """One 80-row batch per simulated node: the protocol body (msgpack with a boot id
-    placeholder), the same rows as Prometheus text for VictoriaMetrics, and as COPY tuples."""
+    placeholder), the same rows in VictoriaMetrics' three inputs (Prometheus text, JSON lines,
+    remote write), and as COPY tuples."""
 
     def __init__(self, nodes: int, now: float, seed: int = 1, windows: int = 1) -> None:
         rng = np.random.default_rng(seed)
@@ -181,9 +199,22 @@ class Templates:
                 size += len(body)
         return size // len(self.batches)
 
+    @staticmethod
+    def labels(b: Batch, u: str, j: str) -> dict[str, str]:
+        """The labels every VictoriaMetrics input carries for one GPU's series (plus __name__)."""
+        return {"cluster": "default", "node": b.agent.node, "gpu": u[-4:], "uuid": u, "job": j}
+
+    @staticmethod
+    def per_gpu(b: Batch) -> list[tuple[str, str, list[int]]]:
+        """(uuid, job, the batch's row indexes of that GPU in time order) per GPU."""
+        rows: dict[tuple[str, str], list[int]] = {}
+        for r, (u, j) in enumerate(zip(b.samples["gpu"], b.samples["job"], strict=True)):
+            rows.setdefault((u, j), []).append(r)
+        return [(u, j, idx) for (u, j), idx in rows.items()]
+
     def prom_lines(self, b: Batch) -> list[str]:
         s = b.samples
-        labels = [f'{{cluster="default",node="{b.agent.node}",gpu="{u[-4:]}",uuid="{u}",job="{j}"}}'
+        labels = ["{" + ",".join(f'{k}="{v}"' for k, v in self.labels(b, u, j).items()) + "}"
                   for u, j in zip(s["gpu"], s["job"], strict=True)]
         tms = [int(t * 1000) for t in s["ts"]]
         lines = []
@@ -193,12 +224,53 @@ class Templates:
         return lines
 
     def write_prometheus(self, path: Path) -> int:
+        """Prometheus text, one line per field sample (/api/v1/import/prometheus)."""
+        return self._write(path, lambda b: ("\n".join(self.prom_lines(b)) + "\n").encode())
+
+    def write_jsonl(self, path: Path) -> int:
+        """VictoriaMetrics' JSON lines (/api/v1/import): one line per GPU and field holding its
+        10 points (the batch's 10 seconds)."""
+        enc = msgspec.json.Encoder()
+
+        def body(b: Batch) -> bytes:
+            s = b.samples
+            lines = []
+            for u, j, idx in self.per_gpu(b):
+                tms = [int(s["ts"][r] * 1000) for r in idx]
+                for f in NAMES:
+                    lines.append(enc.encode({"metric": {"__name__": f"gpu_{f}", **self.labels(b, u, j)},
+                                             "values": [s[f][r] for r in idx], "timestamps": tms}))
+            return b"\n".join(lines) + b"\n"
+
+        return self._write(path, body)
+
+    def write_remote_write(self, path: Path) -> int:
+        """Prometheus remote write 1.0 (/api/v1/write): one WriteRequest per batch, a TimeSeries
+        per GPU and field with its 10 samples, protobuf then snappy (what vmagent and Prometheus
+        send), encoded by the collector's own remote-write module."""
+        from gpufleet.collector.remote_write import wire
+
+        def body(b: Batch) -> bytes:
+            s = b.samples
+            series = []
+            for u, j, idx in self.per_gpu(b):
+                lab = list(self.labels(b, u, j).items())
+                tms = [int(s["ts"][r] * 1000) for r in idx]
+                for f in NAMES:
+                    series.append((wire.encode_labels([("__name__", f"gpu_{f}"), *lab]),
+                                   [(t, float(s[f][r])) for t, r in zip(tms, idx, strict=True)]))
+            return wire.snappy(wire.encode(series))
+
+        return self._write(path, body)
+
+    def _write(self, path: Path, body: Any) -> int:
+        """Bodies framed "<10-digit length><body>" (the wrk scripts' format); mean size back."""
         size = 0
         with path.open("wb") as f:
             for b in self.batches:
-                body = ("\n".join(self.prom_lines(b)) + "\n").encode()
-                f.write(b"%010d" % len(body) + body)
-                size += len(body)
+                data = body(b)
+                f.write(b"%010d" % len(data) + data)
+                size += len(data)
         return size // len(self.batches)
 
     def copy_records(self) -> list[tuple[Any, ...]]:
@@ -269,6 +341,7 @@ def collector(url: str, workers: int, tmp: Path) -> Iterator[tuple[int, int]]:
               str(workers), "--allow-anonymous"], env, tmp / f"collector-{port}.log")
     try:
         wait_port(port)
+        wait_healthy(port)
         time.sleep(1.0 + 0.5 * workers)  # every worker has bound and started its writer
         yield port, p.p.pid  # the server leads its own session (start_new_session)
     finally:
@@ -290,14 +363,29 @@ def victoria(binary: str, tmp: Path) -> Iterator[int]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def wait_healthy(port: int, timeout: float = 180.0) -> None:
+    """Until the server answers /healthz: the supervisor binds the port before its workers have
+    imported the app (tens of seconds on a loaded box), so an open port is not a server."""
+    import httpx
+
+    end = time.time() + timeout
+    while time.time() < end:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"no answer from /healthz on port {port} after {timeout:.0f} s")
+
+
 _RUN = 0  # distinct idempotency keys across the wrk runs of one bench
 
 
 def run_wrk(wrk: str, port: int, bodies: Path, path: str, ctype: str, *, conns: int, seconds: float,
-            threads: int, placeholder: str | None, reverse: bool = False) -> dict[str, Any]:
+            threads: int, placeholder: str | None, reverse: bool = False, lua: Path = LUA) -> dict[str, Any]:
     """``reverse``: deal the bodies from the end (the warm-up), so that the measured run, dealt
-    from the front, never repeats its rows."""
-    args = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:.0f}s", "--timeout", "30s", "-s", str(LUA),
+    from the front, never repeats its rows. ``lua``: the wrk script (RW_LUA for remote write's
+    snappy headers)."""
+    args = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:.0f}s", "--timeout", "30s", "-s", str(lua),
             f"http://127.0.0.1:{port}", "--", str(bodies), path, ctype]
     if placeholder:
         global _RUN
@@ -312,6 +400,7 @@ def run_wrk(wrk: str, port: int, bodies: Path, path: str, ctype: str, *, conns: 
 
 
 def count_rows(url: str) -> int:
+    """Raw GPU-samples stored, counted by the storage's own reader (whatever the raw layout)."""
     from sqlalchemy import text
 
     from gpufleet.storage.db import make_engine
@@ -319,9 +408,24 @@ def count_rows(url: str) -> int:
     e = make_engine(url)
     try:
         with e.connect() as c:
-            return int(c.execute(text("select count(*) from gpu_samples")).scalar_one())
+            try:
+                from gpufleet.storage.raw_read import count_raw_samples
+            except ImportError:  # before the compact raw layout: one row per GPU-sample
+                return int(c.execute(text("select count(*) from gpu_samples")).scalar_one())
+            return count_raw_samples(c)
     finally:
         e.dispose()
+
+
+def wal_lsn(url: str) -> int:
+    """The server's WAL position in bytes (pg_current_wal_lsn): a delta around a run is the WAL
+    it wrote, every database on that server included (an upper bound on a shared one)."""
+    import psycopg
+
+    from gpufleet.storage.db import asyncpg_dsn
+
+    with psycopg.connect(asyncpg_dsn(url)) as c:
+        return int(c.execute("select pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
 
 
 def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path, tpl: Templates, args: Any,
@@ -338,6 +442,7 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
         before = count_rows(url)
         log(f"{name}: measuring {args.duration:.0f} s with {args.nodes} connections")
         cpu0, pg0 = session_cpu_s(sid), session_cpu_s(user="postgres")
+        wal0 = wal_lsn(url) if url.startswith("postgresql") else 0
         w = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
                     seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER)
         elapsed = w["duration_us"] / 1e6
@@ -352,6 +457,7 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
         # Collector and PostgreSQL CPU over the run (the latter includes any other tests'
         # databases on a shared box: an upper bound).
         cpu, pg_cpu = session_cpu_s(sid) - cpu0, session_cpu_s(user="postgres") - pg0
+        wal = wal_lsn(url) - wal0 if url.startswith("postgresql") else 0
         stored = count_rows(url) - before
     ok = int(w["status"].get("200", 0))
     acked = ok * tpl.rows_per_batch
@@ -364,26 +470,54 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
             "rows_s": acked / elapsed, "db_rows": stored, "acked_rows": acked,
             "field_samples_s": acked * tpl.fields / elapsed, "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3,
             "collector_cpu_ms_per_req": 1e3 * cpu / max(ok, 1), "postgres_cpu_ms_per_req": 1e3 * pg_cpu / max(ok, 1),
+            "wal_bytes_per_gpu_sample": wal / max(stored, 1),
             "errors": {k: v for k, v in w.items() if k.startswith("errors_") and v}}
 
 
-def vm_ingest(tools: dict[str, str | None], bodies: Path, tpl: Templates, args: Any,
+# VictoriaMetrics' inputs: (path, content type, wrk script, label)
+VM_INPUTS = {
+    "vm_text": ("/api/v1/import/prometheus", "text/plain", LUA, "Prometheus text /api/v1/import/prometheus"),
+    "vm_jsonl": ("/api/v1/import", "application/json", LUA, "JSON lines, 10 points per series, /api/v1/import"),
+    "vm_rw": ("/api/v1/write", "application/x-protobuf", RW_LUA,
+              "remote write 1.0 (protobuf + snappy) /api/v1/write"),
+}
+
+
+def vm_ingest(kind: str, tools: dict[str, str | None], bodies: Path, tpl: Templates, args: Any,
               tmp: Path) -> dict[str, Any] | None:
+    """The same rows into a fresh VictoriaMetrics through one of VM_INPUTS, with the same wrk
+    settings as gpufleet. Throughput is acknowledged rows (2xx): VictoriaMetrics answers after
+    its in-memory buffer took them (it makes them durable within ~1 s), gpufleet after commit."""
     if not (tools["wrk"] and tools["victoria-metrics"]):
         return None
+    path, ctype, lua, label = VM_INPUTS[kind]
     with victoria(tools["victoria-metrics"], tmp) as port:
-        log("victoria-metrics: warm-up")
-        run_wrk(tools["wrk"], port, bodies, "/api/v1/import/prometheus", "text/plain", conns=args.nodes,
-                seconds=args.warmup, threads=args.wrk_threads, placeholder=None)
-        log(f"victoria-metrics: measuring {args.duration:.0f} s")
-        w = run_wrk(tools["wrk"], port, bodies, "/api/v1/import/prometheus", "text/plain", conns=args.nodes,
-                    seconds=args.duration, threads=args.wrk_threads, placeholder=None)
-    ok = int(w["status"].get("204", 0)) + int(w["status"].get("200", 0))
+        log(f"victoria-metrics {kind}: warm-up")
+        run_wrk(tools["wrk"], port, bodies, path, ctype, conns=args.nodes, seconds=args.warmup,
+                threads=args.wrk_threads, placeholder=None, lua=lua)
+        log(f"victoria-metrics {kind}: measuring {args.duration:.0f} s")
+        w = run_wrk(tools["wrk"], port, bodies, path, ctype, conns=args.nodes, seconds=args.duration,
+                    threads=args.wrk_threads, placeholder=None, lua=lua)
+        stored = vm_count(port)
+    ok = sum(int(v) for k, v in w["status"].items() if k.startswith("2"))
+    if ok and stored < len(NAMES) * tpl.rows_per_batch:
+        raise RuntimeError(f"VictoriaMetrics {kind}: {ok} requests acknowledged but {stored} samples stored")
     elapsed = w["duration_us"] / 1e6
-    return {"name": "VictoriaMetrics /api/v1/import/prometheus", "requests_ok": ok, "status": w["status"],
+    return {"name": f"VictoriaMetrics, {label}", "requests_ok": ok, "status": w["status"],
             "elapsed": elapsed, "rows_s": ok * tpl.rows_per_batch / elapsed,
-            "field_samples_s": ok * tpl.rows_per_batch * tpl.fields / elapsed,
+            "field_samples_s": ok * tpl.rows_per_batch * tpl.fields / elapsed, "vm_samples_stored": stored,
             "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3}
+
+
+def vm_count(port: int) -> int:
+    """Samples VictoriaMetrics holds for the bench's series (after a flush), whatever came in."""
+    import httpx
+
+    httpx.get(f"http://127.0.0.1:{port}/internal/force_flush", timeout=60)
+    r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", timeout=120,
+                  params={"query": 'sum(count_over_time({__name__="gpu_sm_active"}[1h]))'})
+    res = r.json()["data"]["result"]
+    return int(float(res[0]["value"][1])) * len(NAMES) if res else 0
 
 
 def raw_copy(url: str, tpl: Templates, seconds: float) -> dict[str, Any]:
@@ -399,11 +533,14 @@ def raw_copy(url: str, tpl: Templates, seconds: float) -> dict[str, Any]:
     async def main() -> tuple[int, float]:
         dsn = asyncpg_dsn(url)
         c0 = await asyncpg.connect(dsn)
-        # The same columns and the same indexes as gpu_samples, whatever the migrations made
-        # them (a plain table: the partition a row lands in is such a table).
-        await c0.execute("CREATE TABLE bench_copy (LIKE gpu_samples INCLUDING DEFAULTS INCLUDING INDEXES)")
-        idx = await c0.fetch("SELECT indexdef FROM pg_indexes WHERE tablename = 'bench_copy'")
-        log(f"raw COPY reference indexes: {[r['indexdef'].split(' USING ', 1)[1] for r in idx]}")
+        # One wide row per GPU-sample, a column per catalog field and the indexes the wide
+        # raw table had (job, ts) + BRIN ts: the plainest way PostgreSQL can take these rows,
+        # whatever layout gpufleet's own raw storage uses.
+        sql_type = {"f4": "real", "f8": "double precision", "i8": "bigint"}
+        await c0.execute("CREATE TABLE bench_copy (ts double precision NOT NULL, gpu_pk integer NOT NULL, "
+                         "job_pk integer, " + ", ".join(f"{f.name} {sql_type[f.dtype]}" for f in FIELDS) + ")")
+        await c0.execute("CREATE INDEX ON bench_copy (job_pk, ts)")
+        await c0.execute("CREATE INDEX ON bench_copy USING brin (ts)")
         await c0.close()
         chunk = 8000
         done = [0]
@@ -424,7 +561,7 @@ def raw_copy(url: str, tpl: Templates, seconds: float) -> dict[str, Any]:
         return done[0], time.perf_counter() - t0
 
     rows, el = asyncio.run(main())
-    return {"name": "PostgreSQL binary COPY (asyncpg, 2 connections, same indexes)", "rows_s": rows / el,
+    return {"name": "PostgreSQL binary COPY of the same rows, wide (asyncpg, 2 connections)", "rows_s": rows / el,
             "field_samples_s": rows * len(NAMES) / el}
 
 
@@ -516,17 +653,31 @@ def load_vm_dataset(port: int, hours: float, gpus: int, start: float) -> int:
     return total[0]
 
 
+def raw_tables() -> list[str]:
+    """The raw-sample table(s) the models define: gpu_samples (a row per GPU-second) before the
+    compact layout, gpu_sample_blocks after; read from the metadata so both are measured."""
+    from gpufleet.storage.models import Base
+
+    return sorted(n for n in Base.metadata.tables if n.startswith("gpu_sample") and not n.endswith("_1m"))
+
+
 def pg_sizes(url: str) -> dict[str, int]:
+    """Bytes on disk (heap + indexes + TOAST, every partition) of the raw table(s), the rollups
+    and, where the schema has them, the minute features folded at ingest."""
     import psycopg
 
     from gpufleet.storage.db import asyncpg_dsn
+    from gpufleet.storage.models import Base
 
+    groups = {"raw": raw_tables(), "gpu_samples_1m": ["gpu_samples_1m"], "job_samples_1m": ["job_samples_1m"],
+              "features": [n for n in Base.metadata.tables if n in ("gpu_minute_features", "job_hist_features")]}
     out = {}
     with psycopg.connect(asyncpg_dsn(url)) as c:
-        for t in ("gpu_samples", "gpu_samples_1m", "job_samples_1m"):
-            out[t] = int(c.execute(
-                "select coalesce(sum(pg_total_relation_size(inhrelid)), 0) from pg_inherits "
-                "where inhparent = %s::regclass", (t,)).fetchone()[0])
+        for k, tables in groups.items():
+            # a partitioned table's tree, or (no tree) the plain table itself
+            out[k] = sum(int(c.execute("select coalesce((select sum(pg_total_relation_size(relid)) from "
+                                       "pg_partition_tree(%s::regclass)), pg_total_relation_size(%s::regclass))",
+                                       (t, t)).fetchone()[0]) for t in tables)
     return out
 
 
@@ -536,6 +687,30 @@ def vm_size(port: int) -> int:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("vm_data_size_bytes")))
+
+
+def vm_compact(port: int, start: float, hours: float, timeout: float = 300) -> int:
+    """VictoriaMetrics' size after /internal/force_merge of the data's month partitions, once
+    no merge is running and the size stopped moving (its VACUUM, for a fair comparison)."""
+    import httpx
+
+    base = f"http://127.0.0.1:{port}"
+    httpx.get(f"{base}/internal/force_flush", timeout=60)
+    months = sorted({time.strftime("%Y_%m", time.gmtime(t)) for t in (start, start + hours * 3600)})
+    for m in months:
+        httpx.get(f"{base}/internal/force_merge", params={"partition_prefix": m}, timeout=60).raise_for_status()
+    end = time.time() + timeout
+    last = -1
+    while time.time() < end:
+        time.sleep(3)
+        text = httpx.get(f"{base}/metrics", timeout=30).text
+        merging = sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("vm_active_merges"))
+        size = vm_size(port)
+        if merging == 0 and size == last:
+            return size
+        last = size
+    log("VictoriaMetrics: merges still running at the timeout; size as it stands")
+    return vm_size(port)
 
 
 def p50(fn: Any, runs: int) -> float:
@@ -549,10 +724,16 @@ def p50(fn: Any, runs: int) -> float:
 
 
 def query_bench(url: str, port: int | None, hours: float, start: float, runs: int) -> dict[str, Any]:
+    """p50 latencies: the job's series through the real API over HTTP (uvicorn, one sequential
+    client, body read and parsed), the same rows as plain SQL (the figures reported before the
+    API path was measured), and VictoriaMetrics answering the same questions."""
     import httpx
     import psycopg
 
     from gpufleet.storage.db import asyncpg_dsn
+
+    sys.path.insert(0, str(REPO / "bench" / "api"))
+    from bench_api import server  # the API bench's uvicorn process
 
     a, b = start, start + hours * 3600
     cols = ", ".join(NAMES)
@@ -568,32 +749,34 @@ def query_bench(url: str, port: int | None, hours: float, start: float, runs: in
             return len(c.execute(f"select gpu_pk, bucket, n, {cols} from gpu_samples_1m where job_pk = %s and "
                                  "bucket >= %s and bucket < %s order by gpu_pk, bucket", (jpk, a, b)).fetchall())
 
-        # The same per-GPU answer fetched as binary COPY and decoded with numpy: NULL becomes
-        # NaN in SQL so every row has a fixed layout (how an API can serve big series fast).
-        sel = ", ".join(["gpu_pk::float8", "bucket", "n::float8"] + [f"coalesce({f}::float8, 'NaN')" for f in NAMES])
-        ncol = 3 + len(NAMES)
-        rec = np.dtype([("c", ">i2")] + [x for k in range(ncol) for x in ((f"l{k}", ">i4"), (f"v{k}", ">f8"))])
-
-        def gpu_series_copy() -> int:
-            buf = bytearray()
-            q = (f"COPY (SELECT {sel} FROM gpu_samples_1m WHERE job_pk = {int(jpk)} AND bucket >= {a!r} "
-                 f"AND bucket < {b!r} ORDER BY gpu_pk, bucket) TO STDOUT (FORMAT binary)")
-            with c.cursor().copy(q) as cp:
-                for chunk in cp:
-                    buf += chunk
-            body = memoryview(buf)[19:len(buf) - 2]  # header (with no extension) and trailer
-            arr = np.frombuffer(body, dtype=rec)
-            cols = np.stack([arr[f"v{k}"] for k in range(ncol)]).astype(np.float64)
-            return cols.shape[1]
-
         out["pg_job_rows"] = job_series()
         out["pg_gpu_rows"] = gpu_series()
-        assert gpu_series_copy() == out["pg_gpu_rows"]
-        out["pg_gpu_copy_ms"] = p50(gpu_series_copy, runs)
         out["pg_job_ms"] = p50(job_series, runs)
         out["pg_gpu_ms"] = p50(gpu_series, runs)
+
+    everything = ",".join(NAMES)
+    window = {"start": a, "end": b}
+    api_cases = {
+        "api_job_1m": {"gpu": "none", "fields": everything, "step": "60", **window},
+        "api_gpu_page": window,  # what the job page asks: 5 fields, step auto
+        "api_gpu_page_1m": {"step": "60", **window},
+        "api_gpu_all_fields": {"fields": everything, **window},
+    }
+    with server(url) as base, httpx.Client(base_url=base, timeout=120) as client:
+        for name, params in api_cases.items():
+            last: dict[str, Any] = {}
+
+            def get(params: dict[str, Any] = params, last: dict[str, Any] = last) -> None:
+                r = client.get("/api/v1/jobs/qjob/timeseries", params=params)
+                r.raise_for_status()
+                body = r.json()
+                last.update(step=body["step"], points=body["points"], series=len(body["gpus"]) + 1,
+                            fields=len(body["fields"]), bytes=len(r.content))
+
+            out[name] = {"ms": p50(get, runs), **last}
+
     if port is not None:
-        client = httpx.Client(timeout=300)
+        vclient = httpx.Client(timeout=300)
         by_kind: dict[str, list[str]] = {}
         for f in FIELDS:
             by_kind.setdefault(f.rollup, []).append(f"gpu_{f.name}")
@@ -607,8 +790,8 @@ def query_bench(url: str, port: int | None, hours: float, start: float, runs: in
                 q = f"{fn[kind]}({sel}[1m]) keep_metric_names"
                 if job_level:
                     q = f"{agg[kind]} by (__name__) ({q})"
-                r = client.get(f"http://127.0.0.1:{port}/api/v1/query_range",
-                               params={"query": q, "start": a + 60, "end": b, "step": "60s"})
+                r = vclient.get(f"http://127.0.0.1:{port}/api/v1/query_range",
+                                params={"query": q, "start": a + 60, "end": b, "step": "60s"})
                 r.raise_for_status()
                 pts += sum(len(s["values"]) for s in r.json()["data"]["result"])
             return pts
@@ -617,7 +800,7 @@ def query_bench(url: str, port: int | None, hours: float, start: float, runs: in
         out["vm_gpu_points"] = vm(False)
         out["vm_job_ms"] = p50(lambda: vm(True), runs)
         out["vm_gpu_ms"] = p50(lambda: vm(False), runs)
-        client.close()
+        vclient.close()
     return out
 
 
@@ -641,7 +824,9 @@ def main() -> int:
     ap.add_argument("--query-hours", type=float, default=None, help="query window (default 24, quick 2)")
     ap.add_argument("--query-gpus", type=int, default=64)
     ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
-    ap.add_argument("--skip", action="append", default=[], choices=["pg", "vm", "copy", "sqlite", "query"])
+    ap.add_argument("--skip", action="append", default=[],
+                    choices=["pg", "vm", "text", "jsonl", "rw", "copy", "sqlite", "query"],
+                    help="leave out a part (vm: all three VictoriaMetrics inputs; text/jsonl/rw: one of them)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds of the PostgreSQL / VictoriaMetrics / COPY ingest runs, interleaved (default 1)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -659,12 +844,17 @@ def main() -> int:
         now = time.time()
         tpl = Templates(args.nodes, now, windows=args.windows)
         proto = tmp / "proto.bin"
-        prom = tmp / "prom.bin"
         res["body_bytes_protocol"] = tpl.write_protocol(proto)
         # VictoriaMetrics has no idempotency or rollups to keep honest: one window of the
-        # same rows is enough (and keeps wrk's memory for 375 KB text bodies bounded).
+        # same rows is enough (and keeps wrk's memory for 375 KB text bodies bounded). The
+        # same seed makes them the very rows of gpufleet's first window.
         tpl1 = Templates(args.nodes, now, windows=1)
-        res["body_bytes_prometheus"] = tpl1.write_prometheus(prom)
+        vm_bodies: dict[str, Path] = {}
+        for kind, write in (("vm_text", tpl1.write_prometheus), ("vm_jsonl", tpl1.write_jsonl),
+                            ("vm_rw", tpl1.write_remote_write)):
+            if kind.removeprefix("vm_") not in args.skip and "vm" not in args.skip:
+                vm_bodies[kind] = tmp / f"{kind}.bin"
+                res[f"body_bytes_{kind}"] = write(vm_bodies[kind])
         # Rounds interleave the three, so a noisy minute hits all of them; the ratios are
         # reported per round and as their median (one run of this box can move 20%).
         rounds: list[dict[str, Any]] = []
@@ -676,8 +866,10 @@ def main() -> int:
                 with throwaway_db(args.pg_admin, f"http{k}") as url:
                     r["pg"] = http_ingest(f"gpufleet -> PostgreSQL ({args.workers} workers)", url, tools, proto,
                                           tpl, args, tmp, args.workers)
-            if "vm" not in args.skip:
-                r["vm"] = vm_ingest(tools, prom, tpl1, args, tmp)
+            for kind, bodies in vm_bodies.items():
+                r[kind] = vm_ingest(kind, tools, bodies, tpl1, args, tmp)
+            # the headline reference: remote write, VictoriaMetrics' fastest input here
+            r["vm"] = r.get("vm_rw") or r.get("vm_jsonl") or r.get("vm_text")
             if "copy" not in args.skip:
                 with throwaway_db(args.pg_admin, f"copy{k}") as url:
                     log("raw COPY")
@@ -697,18 +889,22 @@ def main() -> int:
                 res["dataset_pg_rows_s"] = rows / (time.time() - t)
                 sizes = pg_sizes(url)
                 gpu_days = args.query_gpus * args.query_hours / 24
-                res["storage"] = {"rows": rows, **sizes, "raw_bytes_per_gpu_sample": sizes["gpu_samples"] / rows,
+                res["storage"] = {"rows": rows, **sizes, "raw_tables": raw_tables(),
+                                  "raw_bytes_per_gpu_sample": sizes["raw"] / rows,
                                   "bytes_per_gpu_day": sum(sizes.values()) / gpu_days,
                                   "rollup_bytes_per_gpu_day":
-                                      (sizes["gpu_samples_1m"] + sizes["job_samples_1m"]) / gpu_days}
+                                      (sizes["gpu_samples_1m"] + sizes["job_samples_1m"]) / gpu_days,
+                                  "features_bytes_per_gpu_day": sizes["features"] / gpu_days}
                 if tools["victoria-metrics"]:
                     with victoria(tools["victoria-metrics"], tmp) as port:
                         log("query: loading the same samples into VictoriaMetrics")
                         samples = load_vm_dataset(port, args.query_hours, args.query_gpus, start)
-                        time.sleep(2)
-                        vsize = vm_size(port)
+                        res["storage"]["vm_bytes_before_merge"] = vm_size(port)
+                        log("VictoriaMetrics: /internal/force_merge")
+                        vsize = vm_compact(port, start, args.query_hours)
                         res["storage"]["vm_bytes"] = vsize
                         res["storage"]["vm_bytes_per_field_sample"] = vsize / samples
+                        res["storage"]["vm_bytes_per_gpu_sample"] = vsize / rows
                         res["storage"]["vm_bytes_per_gpu_day"] = vsize / gpu_days
                         res["query"] = query_bench(url, port, args.query_hours, start, 7 if args.quick else 15)
                 else:
@@ -721,14 +917,26 @@ def main() -> int:
     return 0
 
 
+def ratio_cells(x: dict[str, Any]) -> dict[str, float | None]:
+    """One round's ratios: gpufleet's field-samples/s over each VictoriaMetrics input's, and its
+    rows/s over raw COPY's."""
+    pg = x.get("pg")
+    out: dict[str, float | None] = {}
+    for k in (*VM_INPUTS, "copy"):
+        ref = x.get(k)
+        key = "rows_s" if k == "copy" else "field_samples_s"
+        out[k] = pg[key] / ref[key] if pg and ref and ref[key] else None
+    return out
+
+
 def report(r: dict[str, Any]) -> None:
     print(f"\n## results ({r['started']}, {r['cpus']} CPUs, {r['args']['nodes']} connections, "
           f"{r['args']['duration']:.0f} s runs{', quick' if r['args']['quick'] else ''})\n")
-    print(f"request bodies: protocol msgpack {r['body_bytes_protocol']} B (80 rows x {len(NAMES)} fields), "
-          f"Prometheus text {r['body_bytes_prometheus']} B\n")
+    sizes = ", ".join(f"{k.removeprefix('body_bytes_')} {v:,} B" for k, v in r.items() if k.startswith("body_bytes_"))
+    print(f"request bodies (80 rows x {len(NAMES)} fields): {sizes}\n")
     print("| path | rows/s | field-samples/s | p50 ack | p99 ack | notes |")
     print("|---|---|---|---|---|---|")
-    for k in ("pg", "sqlite", "vm", "copy"):
+    for k in ("pg", "sqlite", *VM_INPUTS, "copy"):
         x = r.get(k)
         if not x:
             continue
@@ -737,59 +945,74 @@ def report(r: dict[str, Any]) -> None:
         if "collector_cpu_ms_per_req" in x:
             note += (f"; CPU per request: collector {x['collector_cpu_ms_per_req']:.2f} ms, "
                      f"postgres <= {x['postgres_cpu_ms_per_req']:.2f} ms")
+        if x.get("wal_bytes_per_gpu_sample"):
+            note += f"; WAL <= {x['wal_bytes_per_gpu_sample']:.0f} B per GPU-sample"
         print(f"| {x['name']} | {fmt(x['rows_s'])} | {fmt(x['field_samples_s'])} | {lat[0]} | {lat[1]} | {note} |")
-    pg, vm, cp, sq = r.get("pg"), r.get("vm"), r.get("copy"), r.get("sqlite")
     rounds = r.get("rounds") or []
-    if len(rounds) > 1:
-        print(f"\n{len(rounds)} interleaved rounds (the table above is the last):\n")
-        print("| round | gpufleet/PG rows/s | VM rows/s | COPY rows/s | vs VM | vs COPY |")
+    per = [ratio_cells(x) for x in rounds]
+    if rounds:
+        print(f"\n{len(rounds)} interleaved round(s) (the table above is the last); gpufleet's field-samples/s "
+              "over each VictoriaMetrics input's, rows/s over raw COPY's:\n")
+        print("| round | gpufleet/PG rows/s | vs VM text | vs VM JSON lines | vs VM remote write | vs raw COPY |")
         print("|---|---|---|---|---|---|")
-        vs_vm, vs_copy = [], []
-        for k, x in enumerate(rounds, 1):
-            a, b, c = x.get("pg"), x.get("vm"), x.get("copy")
-            rv = a["field_samples_s"] / b["field_samples_s"] if a and b else None
-            rc = a["rows_s"] / c["rows_s"] if a and c else None
-            if rv is not None:
-                vs_vm.append(rv)
-            if rc is not None:
-                vs_copy.append(rc)
-            cells = [fmt(y["rows_s"]) if y else "-" for y in (a, b, c)]
-            cells += [f"{rv:.2f}x" if rv else "-", f"{100 * rc:.0f}%" if rc else "-"]
-            print(f"| {k} | {' | '.join(cells)} |")
-        if vs_vm:
-            print(f"\nmedian of the rounds: vs VictoriaMetrics **{statistics.median(vs_vm):.2f}x** (goal >= 3x)"
-                  + (f", vs raw COPY **{100 * statistics.median(vs_copy):.0f}%** (goal >= 35%)" if vs_copy else ""))
-    if pg and vm:
-        ratio = pg["field_samples_s"] / vm["field_samples_s"]
-        print(f"\ngpufleet/PostgreSQL vs VictoriaMetrics field-samples/s: **{ratio:.2f}x** (goal >= 3x)")
-    if pg and cp:
-        print(f"gpufleet/PostgreSQL vs raw binary COPY rows/s: **{100 * pg['rows_s'] / cp['rows_s']:.0f}%** "
-              "(goal >= 35%)")
+        for k, (x, c) in enumerate(zip(rounds, per, strict=True), 1):
+            cells = [f"{c[v]:.2f}x" if c[v] else "-" for v in VM_INPUTS]
+            cells.append(f"{100 * c['copy']:.0f}%" if c["copy"] else "-")
+            print(f"| {k} | {fmt(x['pg']['rows_s']) if x.get('pg') else '-'} | {' | '.join(cells)} |")
+
+        def med(k: str) -> float | None:
+            xs = [c[k] for c in per if c[k]]
+            return statistics.median(xs) if xs else None
+
+        rw, cp = med("vm_rw"), med("copy")
+        if rw:
+            print(f"\n**headline: gpufleet/PostgreSQL vs VictoriaMetrics remote write, median {rw:.2f}x** (goal >= 3x)")
+        for k, label in (("vm_jsonl", "JSON lines"), ("vm_text", "Prometheus text")):
+            if med(k):
+                print(f"vs VictoriaMetrics {label}: median {med(k):.2f}x")
+        if cp:
+            print(f"vs raw binary COPY of the same rows: median **{100 * cp:.0f}%** (goal >= 50%)")
+    sq, vm = r.get("sqlite"), r.get("vm")
     if sq and vm:
-        print(f"gpufleet/SQLite vs VictoriaMetrics field-samples/s: "
+        print(f"gpufleet/SQLite vs VictoriaMetrics remote write field-samples/s: "
               f"{sq['field_samples_s'] / vm['field_samples_s']:.2f}x")
     s = r.get("storage")
     if s:
         raw = s["raw_bytes_per_gpu_sample"]
-        print(f"\nstorage ({s['rows']} GPU-samples of a {r['args']['query_gpus']}-GPU job, PostgreSQL after VACUUM): "
-              f"raw {raw:.0f} B per GPU-sample ({raw / len(NAMES):.1f} B per field-sample), "
-              f"{s['bytes_per_gpu_day'] / 2**20:.1f} MiB per GPU-day including rollups "
-              f"(rollups {s['rollup_bytes_per_gpu_day'] / 2**20:.2f} MiB)")
+        print(f"\nstorage ({s['rows']:,} GPU-samples of a {r['args']['query_gpus']}-GPU job, realistic values; "
+              f"PostgreSQL after VACUUM, raw table(s) {', '.join(s['raw_tables'])}): "
+              f"raw {raw:.1f} B per GPU-sample ({raw / len(NAMES):.2f} B per field-sample); per GPU-day "
+              f"{s['bytes_per_gpu_day'] / 2**20:.2f} MiB in all "
+              f"(rollups {s['rollup_bytes_per_gpu_day'] / 2**20:.2f} MiB, "
+              f"minute features {s['features_bytes_per_gpu_day'] / 2**20:.2f} MiB)")
         if "vm_bytes" in s:
-            print(f"VictoriaMetrics, same samples: {s['vm_bytes_per_field_sample']:.2f} B per field-sample, "
-                  f"{s['vm_bytes_per_gpu_day'] / 2**20:.1f} MiB per GPU-day (background merges may shrink it later)")
+            print("VictoriaMetrics, same samples, after /internal/force_merge: "
+                  f"{s['vm_bytes_per_gpu_sample']:.1f} B per "
+                  f"GPU-sample ({s['vm_bytes_per_field_sample']:.2f} B per field-sample; "
+                  f"{s['vm_bytes_before_merge'] / s['rows']:.1f} B before the merge). "
+                  f"**gpufleet raw / VictoriaMetrics: {raw / s['vm_bytes_per_gpu_sample']:.2f}x** (goal <= 1.5x)")
     q = r.get("query")
     if q:
         h = r["args"]["query_hours"]
-        print(f"\nquery: {r['args']['query_gpus']}-GPU job, {h:g} h, 1-minute series of all {len(NAMES)} fields (p50)")
-        print("| question | gpufleet (PostgreSQL rollups) | VictoriaMetrics (raw 1 Hz, *_over_time[1m]) |")
+        print(f"\nquery: {r['args']['query_gpus']}-GPU job, {h:g} h (p50, client included)\n")
+        print("| question | p50 | answer |")
         print("|---|---|---|")
-        vj = f"{q['vm_job_ms']:.0f} ms ({q['vm_job_points']} points)" if "vm_job_ms" in q else "-"
-        vg = f"{q['vm_gpu_ms']:.0f} ms ({q['vm_gpu_points']} points)" if "vm_gpu_ms" in q else "-"
-        print(f"| job-level series | {q['pg_job_ms']:.1f} ms ({q['pg_job_rows']} rows) | {vj} |")
-        print(f"| per-GPU series | {q['pg_gpu_ms']:.1f} ms ({q['pg_gpu_rows']} rows) | {vg} |")
-        if "pg_gpu_copy_ms" in q:
-            print(f"| per-GPU series, binary COPY + numpy | {q['pg_gpu_copy_ms']:.1f} ms | |")
+        labels = {"api_job_1m": "API: job line, all fields, 1-minute points (goal <= 20 ms)",
+                  "api_gpu_page": "API: per-GPU, the job page's 5 fields, step auto (goal <= 300 ms)",
+                  "api_gpu_page_1m": "API: per-GPU, 5 fields, 1-minute points",
+                  "api_gpu_all_fields": "API: per-GPU, all fields, step auto"}
+        for k, label in labels.items():
+            if k in q:
+                x = q[k]
+                print(f"| {label} | {x['ms']:.1f} ms | {x['series']} series x {x['fields']} fields x {x['points']} "
+                      f"points at {x['step']} s, {x['bytes'] / 1024:.0f} KiB JSON |")
+        print(f"| SQL: job_samples_1m rows, all fields | {q['pg_job_ms']:.1f} ms | {q['pg_job_rows']} rows |")
+        print(f"| SQL: gpu_samples_1m rows, all fields | {q['pg_gpu_ms']:.1f} ms | {q['pg_gpu_rows']} rows |")
+        if "vm_job_ms" in q:
+            print(f"| VictoriaMetrics: job line, *_over_time[1m] on raw | {q['vm_job_ms']:.0f} ms | "
+                  f"{q['vm_job_points']} points |")
+            print(f"| VictoriaMetrics: per-GPU, *_over_time[1m] on raw | {q['vm_gpu_ms']:.0f} ms | "
+                  f"{q['vm_gpu_points']} points |")
         if "dataset_pg_rows_s" in r:
             print(f"\n(loading that job through write_batches in-process: {fmt(r['dataset_pg_rows_s'])} rows/s)")
 
