@@ -16,6 +16,7 @@ from gpufleet.flagkinds import FLAG_KINDS
 from .deps import SettingsDep
 from .metrics import TimedRoute
 from .queries.common import DEFAULT_CLUSTER, now, parse_time
+from .queries.job_timeline import job_timeline, previous_runs
 from .queries.jobs import find_job, job_detail, list_jobs
 from .queries.timeseries import job_timeseries, parse_fields
 from .routes_common import SAFE, ClusterFilter, ClusterQ, Cursor, JobIdPath, SessionDep, Text
@@ -104,6 +105,25 @@ def read_job_timeseries(
     # Tens of thousands of floats: msgspec encodes them ~10x faster than the default path
     # (and writes NaN gaps as null).
     return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+@router.get("/{job_id:path}/timeline", summary="What the job page draws beside the series: events, capacities, "
+            "clock-reason bits", responses={404: {"description": "no such job"}})
+def read_job_timeline(job_id: JobIdPath, session: SessionDep, cluster: ClusterQ = DEFAULT_CLUSTER) -> Any:
+    found = find_job(session, cluster, job_id)
+    if found is None:
+        raise HTTPException(404, f"no job {job_id!r} in cluster {cluster!r}")
+    return job_timeline(session, found[0])
+
+
+@router.get("/{job_id:path}/previous-runs", summary="Earlier jobs of the same name in the same cluster, newest first",
+            responses={404: {"description": "no such job"}})
+def read_previous_runs(job_id: JobIdPath, session: SessionDep, cluster: ClusterQ = DEFAULT_CLUSTER,
+                       limit: Annotated[int, Query(ge=1, le=50)] = 10) -> Any:
+    found = find_job(session, cluster, job_id)
+    if found is None:
+        raise HTTPException(404, f"no job {job_id!r} in cluster {cluster!r}")
+    return {"name": found[0].name, "data": previous_runs(session, found[0], found[1], limit=limit)}
 
 
 @router.get("/{job_id:path}", response_model=JobPublic, summary="One job: metadata, GPUs, report, flags",

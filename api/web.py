@@ -31,7 +31,8 @@ OWN_FILES = {"app.js": "text/javascript", "dom.js": "text/javascript", "app.css"
              "favicon.svg": "image/svg+xml",
              "collectives.js": "text/javascript", "goodput.js": "text/javascript",
              "replay.js": "text/javascript", "pages.css": "text/css", "fleet.js": "text/javascript",
-             "search.js": "text/javascript", "xid.js": "text/javascript", "gpu.js": "text/javascript"}
+             "search.js": "text/javascript", "xid.js": "text/javascript", "gpu.js": "text/javascript",
+             "charts.js": "text/javascript", "heatmap.js": "text/javascript", "job.js": "text/javascript"}
 UPLOT_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.iife.js": "text/javascript",
                "uPlot.min.css": "text/css"}
 # Swagger UI and ReDoc from the installed ``fastapi-offline`` package (never copied here).
@@ -83,6 +84,9 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <script src="/static/fleet.js?v={__version__}"></script>
 <script src="/static/xid.js?v={__version__}"></script>
 <script src="/static/gpu.js?v={__version__}"></script>
+<script src="/static/charts.js?v={__version__}"></script>
+<script src="/static/heatmap.js?v={__version__}"></script>
+<script src="/static/job.js?v={__version__}"></script>
 <script src="/static/app.js?v={__version__}"></script>
 <script src="/static/search.js?v={__version__}"></script>
 <script src="/static/replay.js?v={__version__}"></script>

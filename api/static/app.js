@@ -283,88 +283,10 @@
   }
 
   // ---- Job -----------------------------------------------------------------------------
-  const GPU_CHARTS = [
-    { field: "sm_active", title: "SM active", ratio: true },
-    { field: "tensor_active", title: "Tensor active", ratio: true },
-    { field: "dram_active", title: "DRAM active", ratio: true },
-    { field: "power_w", title: "Power", unit: "W" },
-    { field: "sm_clock_mhz", title: "SM clock", unit: "MHz" },
-  ];
-  const LINK_FIELDS = [["nvlink_tx_bytes_s", "NVLink tx", "#58a6ff"], ["nvlink_rx_bytes_s", "NVLink rx", "#1f6feb"],
-    ["pcie_tx_bytes_s", "PCIe tx", "#3fb950"], ["pcie_rx_bytes_s", "PCIe rx", "#238636"],
-    ["ib_tx_bytes_s", "IB tx", "#d29922"], ["ib_rx_bytes_s", "IB rx", "#9e6a03"]];
-  const axisStyle = { stroke: "#8b949e", grid: { stroke: "#21262d", width: 1 }, ticks: { stroke: "#30363d", width: 1 } };
-  const gpuColor = (i, n) => `hsla(${Math.round((i * 360) / Math.max(1, n)) % 360}, 65%, 60%, ${n > 16 ? 0.35 : 0.6})`;
-
-  function chartBox(title) {
-    const readout = h("span", { class: "rd" });
-    const plotEl = h("div");
-    const box = h("div", { class: "chart" }, h("div", { class: "ct" }, h("b", {}, title), readout), plotEl);
-    return { box, plotEl, readout };
-  }
-  function width(el) { return Math.max(300, (el.getBoundingClientRect().width || 560) - 12); }
-  function makeChart(spec, box, t, lines, fmtv) {
-    const series = [{}];
-    // with only a few points (a job that just started) draw them, or the lines are invisible
-    const few = t.length < 40;
-    for (const l of lines) series.push({ label: l.label, stroke: l.color, width: l.width || 1, points: { show: few, size: 4, fill: l.color }, spanGaps: false });
-    const opts = {
-      width: width(box.box), height: 170,
-      legend: { show: false }, cursor: { points: { show: false }, sync: { key: "job" }, drag: { x: true, y: false } },
-      scales: { x: { time: true }, y: spec.ratio ? { range: [0, 1] } : { auto: true } },
-      axes: [{ ...axisStyle }, { ...axisStyle, size: spec.axisSize || 56, values: (u, vals) => vals.map(fmtv) }],
-      series,
-      hooks: { setCursor: [(u) => {
-        const i = u.cursor.idx;
-        if (i === null || i === undefined) { box.readout.textContent = ""; return; }
-        const agg = u.data[u.data.length - 1][i];
-        let lo = Infinity, hi = -Infinity;
-        for (let s = 1; s < u.data.length - 1; s++) { const v = u.data[s][i]; if (v !== null && v !== undefined) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }
-        box.readout.textContent = `${when(u.data[0][i])}  job ${fmtv(agg)}` + (hi >= lo ? `  GPUs ${fmtv(lo)}…${fmtv(hi)}` : "");
-      }] },
-    };
-    const data = [t, ...lines.map((l) => l.values)];
-    const plot = new uPlot(opts, data, box.plotEl);
-    let pts = 0;
-    for (const l of lines) for (const v of l.values) if (v !== null) pts++;
-    state.charts[spec.field] = pts;
-    return plot;
-  }
-
-  async function jobPage() {
-    const { job_id: jobId, cluster } = cfg.args;
-    const base = `/api/v1/jobs/${enc(jobId)}`;
-    // all three requests start at once: the series don't wait for the job's metadata
-    const tsReq = api(`${base}/timeseries?${qs({ cluster, fields: GPU_CHARTS.map((c) => c.field).join(",") })}`);
-    const linkReq = api(`${base}/timeseries?${qs({ cluster, gpu: "none", fields: LINK_FIELDS.map((l) => l[0]).join(",") })}`);
-    tsReq.catch(() => null); linkReq.catch(() => null);  // a 404 is reported once, by the detail call
-    let j;
-    try { j = await api(`${base}?${qs({ cluster })}`); } catch (e) { return fail(e); }
-    await kindsReady;
-    const s = j.summary;
-    const header = h("div", {},
-      h("h1", {}, `Job ${j.job_id}`, j.name ? h("span", { class: "muted" }, ` · ${j.name}`) : null),
-      h("div", { class: "meta" },
-        h("span", {}, "user ", h("b", {}, j.user ?? dash)), h("span", {}, "cluster ", h("b", {}, j.cluster)),
-        j.account ? h("span", {}, "account ", h("b", {}, j.account)) : null,
-        j.partition ? h("span", {}, "partition ", h("b", {}, j.partition)) : null,
-        j.namespace ? h("span", {}, "namespace ", h("b", {}, j.namespace)) : null,
-        h("span", {}, "state ", h("b", { class: `state-${j.state}` }, j.state)),
-        h("span", {}, "start ", h("b", {}, when(j.start_ts))),
-        h("span", {}, "duration ", h("b", {}, dur((j.end_ts || now()) - (j.start_ts || now())))),
-        h("span", {}, `${j.n_gpus} GPUs on ${j.nodes.length} node${j.nodes.length === 1 ? "" : "s"}`),
-        j.links.grafana ? h("a", { href: j.links.grafana, target: "_blank", rel: "noopener", id: "grafana-link" }, "Grafana drilldown ↗") : null,
-        h("a", { href: `${base}?${qs({ cluster, format: "csv" })}`, id: "csv-link", class: "sep" }, "per-GPU CSV")),
-      Object.keys(j.labels || {}).length ? h("div", { class: "meta" }, "labels ",
-        Object.entries(j.labels).map(([k, v]) => h("span", { class: "chip" }, `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`))) : null);
-    const kp = h("div", { class: "kpis" },
-      kpi("Goodput score", pct(s.goodput_score), s.source === "live" ? "no report yet" : ""),
-      kpi("Allocated GPU-h", gh(s.allocated_gpu_hours)),
-      kpi("Wasted GPU-h", gh(s.wasted_gpu_hours)),
-      kpi("SM active", pct(s.sm_active_mean)), kpi("Tensor active", pct(s.tensor_active_mean)),
-      kpi("DRAM active", pct(s.dram_active_mean)), kpi("MFU (est.)", pct(s.mfu_estimate), "tensor_active x peak dense TFLOP/s"),
-      kpi("Power", s.power_w_mean === null || s.power_w_mean === undefined ? dash : `${num(s.power_w_mean, 0)} W`));
-    const flagsEl = h("div", { class: "flags", id: "flags" }, j.flags.length ? j.flags.map((f) => h("div", { class: `flag ${f.severity}` },
+  // The page itself is job.js (charts.js, heatmap.js); the flag cards stay here, beside the
+  // evidence formatting they share with the flags page.
+  function jobFlagCards(j) {
+    return h("div", { class: "flags", id: "flags" }, j.flags.length ? j.flags.map((f) => h("div", { class: `flag ${f.severity}` },
       h("div", {}, h("span", { class: "k" }, kindTitle(f.kind)), " ", chip(f), f.scope ? h("span", { class: "muted" }, ` on ${f.scope}`) : null,
         h("span", { class: "muted", style: { float: "right" } }, `${gh(f.wasted_gpu_hours)} GPU-h${f.open ? "" : " · resolved"}`)),
       h("div", { class: "s" }, f.suggestion),
@@ -373,47 +295,10 @@
         return h("tr", {}, h("td", { class: "muted", title: spec ? `${k}: ${spec.meaning}` : k }, spec ? spec.label : k),
           h("td", {}, evValue(spec, v)));
       }))),
-    )) : h("p", { class: "muted" }, s.source === "live" ? "Not analysed yet; no flags." : "No flags: this job uses its GPUs well."));
-    const charts = h("div", { class: "charts", id: "charts" });
-    const perGpu = h("div");
-    const collEl = h("div", { id: "collectives" });  // filled by collectives.js (docs/nccl.md)
-    const goodEl = h("div", { id: "goodput" });  // filled by goodput.js (docs/progress.md)
-    fill(root, header, kp, h("h2", {}, "Goodput from the job's progress"), goodEl, h("h2", {}, "Flags"), flagsEl, h("h2", {}, "Per GPU and job aggregate (bold)"), charts,
-      h("h2", {}, "Collectives and fabric"), collEl, h("h2", {}, "Per-GPU report"), perGpu);
-
-    const current = new Map(j.gpus.map((g) => [g.uuid, g.current]));
-    perGpu.append(table([
-      { label: "Node", get: (g) => h("a", { href: nodeHref(j.cluster, g.node ?? "") }, g.node ?? dash) },
-      { label: "GPU", n: true, get: (g) => g.index ?? dash },
-      { label: "UUID", get: (g) => h("span", { class: "trunc muted", title: g.gpu_uuid }, g.gpu_uuid) },
-      { label: "SM", n: true, get: (g) => pct(g.sm_active_mean) },
-      { label: "Tensor", n: true, get: (g) => pct(g.tensor_active_mean) },
-      { label: "DRAM", n: true, get: (g) => pct(g.dram_active_mean) },
-      { label: "Power", n: true, get: (g) => (g.power_w_mean === null || g.power_w_mean === undefined ? dash : `${num(g.power_w_mean, 0)} W`) },
-      { label: "SM clock", n: true, get: (g) => (g.sm_clock_mhz_mean === null || g.sm_clock_mhz_mean === undefined ? dash : `${num(g.sm_clock_mhz_mean, 0)} MHz`) },
-      { label: "Memory max", n: true, get: (g) => gib(g.fb_used_bytes_max) },
-      { label: "SM now", n: true, get: (g) => { const c = current.get(g.gpu_uuid); return c ? pct(c.sm_active) : dash; } },
-    ], j.per_gpu, { class: "pergpu" }));
-
-    const boxes = GPU_CHARTS.map((c) => ({ spec: c, ...chartBox(`${c.title}${c.unit ? ` (${c.unit})` : ""}`) }));
-    const linkBox = { spec: { field: "interconnect", title: "NVLink / PCIe / IB", axisSize: 72 }, ...chartBox("NVLink / PCIe / IB (job mean per GPU)") };
-    linkBox.box.append(h("div", { class: "keys" }, LINK_FIELDS.map(([, label, color]) => h("span", {}, h("i", { style: { background: color } }), label))));
-    for (const b of [...boxes, linkBox]) charts.append(b.box);
-    const [ts, links] = await Promise.all([tsReq, linkReq]);
-    const n = ts.gpus.length;
-    for (const b of boxes) {
-      const fmtv = b.spec.ratio ? (v) => pct(v) : (v) => num(v, 0);
-      const lines = ts.series[b.spec.field].map((vals, i) => ({ label: `${ts.gpus[i].node}/${ts.gpus[i].index}`, color: gpuColor(i, n), values: vals }));
-      lines.push({ label: "job", color: "#e6edf3", width: 2, values: ts.aggregate[b.spec.field] });
-      makeChart(b.spec, b, ts.t, lines, fmtv);
-    }
-    makeChart(linkBox.spec, linkBox, links.t, LINK_FIELDS.map(([f, label, color]) => ({ label, color, width: 1.5, values: links.aggregate[f] })), rate);
-    if (window.gpufleetGoodput) await window.gpufleetGoodput(goodEl, base, cluster, j).catch((e) => state.errors.push(String(e)));
-    state.step = ts.step;
-    done();
-    // after done(): the panel loads on its own and never delays the page's own charts
-    if (window.gpufleetCollectives) window.gpufleetCollectives(collEl, base, cluster).catch((e) => state.errors.push(String(e)));
+    )) : h("p", { class: "muted" }, j.summary.source === "live" ? "Not analysed yet; no flags." : "No flags: this job uses its GPUs well."));
   }
+  const jobPage = () => window.gpufleetJobPage({ root, cfg, state, h, fill, api, qs, enc, table, kpi, when, dur, now, pct, num, gh, gib, rate, dash,
+    kindsReady, kindTitle, flagCards: jobFlagCards, nodeHref, jobHref, done, fail });
 
   // ---- Node ----------------------------------------------------------------------------
   async function nodePage() {

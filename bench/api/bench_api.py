@@ -58,9 +58,10 @@ def throwaway_db(kind: str) -> Iterator[str]:
 
 
 @contextmanager
-def server(url: str) -> Iterator[str]:
+def server(url: str, prelude: str = "") -> Iterator[str]:
+    """``prelude``: Python run in the server process before the app is built (a benchmark's patch)."""
     port = _free_port()
-    code = ("import uvicorn\nfrom gpufleet.server import create_app\nfrom gpufleet.settings import Settings\n"
+    code = (prelude + "import uvicorn\nfrom gpufleet.server import create_app\nfrom gpufleet.settings import Settings\n"
             f"s = Settings.of({{'database': {{'url': {url!r}}}, 'auth': {{'allow_anonymous': True}}}})\n"
             "uvicorn.run(create_app(s),"
             f" host='127.0.0.1', port={port}, log_level='warning')")

@@ -37,12 +37,14 @@ def test_every_page_loads_clean(web: tuple[Page, Seeded]) -> None:
     assert pg.locator("table.pergpu tbody tr").count() == 2
 
     pg = p.open("/jobs/1001")
+    pg.evaluate("() => window.gpufleetCharts.flush()")  # charts below the fold build as they scroll near
     charts = pg.evaluate("() => window.__gpufleet.charts")
-    assert set(charts) == {"sm_active", "tensor_active", "dram_active", "power_w", "sm_clock_mhz", "interconnect"}
+    assert set(charts) == {"sm_active", "tensor_active", "dram_active", "power_w", "temp_c", "sm_clock_mhz",
+                           "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "interconnect"}
     # 4 GPUs + the job line, ~120 minutes each
     assert charts["sm_active"] >= 5 * (s.minutes - 2), charts
     assert all(v > 0 for v in charts.values()), charts
-    assert pg.locator("#charts canvas").count() == 6
+    assert pg.locator("#charts canvas").count() == 9
     p.shot("job")
 
     pg = p.open("/nodes/node-b")
@@ -171,6 +173,7 @@ def test_job_page_64_gpus_24h_renders(browser: Any, sqlite_url: str,
         for _ in range(2):
             pg = p.open("/jobs/big")
             times.append(pg.evaluate("() => window.__gpufleet.renderMs"))
+        pg.evaluate("() => window.gpufleetCharts.flush()")
         charts = pg.evaluate("() => window.__gpufleet.charts")
         step = pg.evaluate("() => window.__gpufleet.step")
         p.shot("job-64gpu-24h")
