@@ -69,17 +69,23 @@ def test_reports_flags_idempotent_and_resolve(engine: Any) -> None:
     assert run_analysis(engine, now=t1 + 3700).jobs_due == 0
 
 
+def _feature_rows(engine: Any, since: float = 0.0) -> int:
+    with engine.connect() as c:
+        return int(c.exec_driver_sql(f"SELECT count(*) FROM gpu_minute_features WHERE bucket >= {since!r}").scalar())
+
+
 def test_running_job_is_incremental_and_matches_cold(engine: Any) -> None:
     job = make_job("input_stall", "j-stall", 2, T0, 4 * 3600, node_prefix="m")
-    t1 = T0 + 30 * 60
+    t1 = T0 + 60 * 60
     ingest(engine, job, T0, t1)
     s1 = run_analysis(engine, now=t1)
-    assert s1.rows_read == 2 * 30 * 60
+    # The analysis reads minute features (one row per GPU-minute), never raw samples.
+    assert s1.rows_read == _feature_rows(engine) <= 2 * 61
     t2 = t1 + 600
     ingest(engine, job, t1, t2)
     s2 = run_analysis(engine, now=t2)
-    # Only the new samples and the re-read margin are read, not the job from its start.
-    assert s2.rows_read <= 2 * (600 + 180 + 60), s2.rows_read
+    # Only the job-hour the new batches folded into is re-read (an hour starts at T0 + 2800 s).
+    assert s2.rows_read == _feature_rows(engine, since=T0 + 2800) < _feature_rows(engine), s2.rows_read
     assert set(_flags(engine, "j-stall")) == {("input_stall", "")}
     assert _flags(engine, "j-stall")[("input_stall", "")]["open"]
     hot = _dump(engine)
@@ -87,7 +93,7 @@ def test_running_job_is_incremental_and_matches_cold(engine: Any) -> None:
     with engine.connect() as c:
         pk = c.execute(select(Job.id).where(Job.job_id == "j-stall")).scalar_one()
     s3 = run_analysis(engine, now=t2 + 30, job_pks=[pk])
-    assert s3.rows_read == 2 * 40 * 60 and s3.reports_written == 0
+    assert s3.rows_read == _feature_rows(engine) and s3.reports_written == 0
     assert _dump(engine) == hot
 
 
