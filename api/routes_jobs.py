@@ -91,6 +91,8 @@ def read_job_timeseries(
                                description="auto (about 360 points) or seconds (>= 60)")] = "auto",
     start: TimeQ = None,
     end: TimeQ = None,
+    points: Annotated[int | None, Query(ge=10, le=5000, description="with step=auto: aim at about this many "
+                                                                   "points (a chart's width); default 360")] = None,
 ) -> Any:
     found = find_job(session, cluster, job_id)
     if found is None:
@@ -101,7 +103,7 @@ def read_job_timeseries(
     elif gpu:
         gpus = [g.strip() for g in gpu.split(",") if g.strip()] or None
     body = job_timeseries(session, found[0], fields=parse_fields(fields), gpus=gpus, step=step,
-                          start=parse_time(start, name="start"), end=parse_time(end, name="end"))
+                          start=parse_time(start, name="start"), end=parse_time(end, name="end"), points=points)
     # Tens of thousands of floats: msgspec encodes them ~10x faster than the default path
     # (and writes NaN gaps as null).
     return Response(msgspec.json.encode(body), media_type="application/json")
