@@ -242,31 +242,29 @@ def from_states(data: np.ndarray, gpu_pks: list[int]) -> MinuteFeatures:
     gi = srt[np.searchsorted(order[srt], c["gpu_pk"].astype(np.int64))]
     mi = minute - b0
 
-    def place(values: np.ndarray) -> np.ndarray:
-        out = np.full((g, m_total), np.nan)
-        out[gi, mi] = values
-        return out
+    # Every feature's row values first, then one scatter into one (features, G, M) block: a
+    # job's pass costs a few large numpy calls instead of one allocation per feature.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+            return np.where(den > 0, num / np.maximum(den, 1), np.nan)
 
-    def ratio(num: np.ndarray, den: np.ndarray, min_den: float = 0.0) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return place(np.where(den > min_den, num / np.maximum(den, 1), np.nan))
-
-    f: dict[str, np.ndarray] = {}
-    for feat in MEAN_OF:
-        f[feat] = ratio(c[f"{feat}_sum"], c[f"{feat}_n"])
-    for feat in (*MAX_OF, *MIN_OF):
-        f[feat] = place(c[feat])
-    f["busy_frac"] = ratio(c["nb"], c["nsm"])
-    f["trans"] = place(np.where(c["nsm"] > 1, c["trans"], np.nan))
-    f["busy_sm"] = ratio(c["busy_sm_sum"], c["nb"])
-    f["clock_busy"] = ratio(c["clock_busy_sum"], c["ncb"])
-    f["throttle_frac"] = ratio(c["nthr"], c["nrb"])
-    f["reasons_or"] = place(np.where(c["nrb"] > 0, c["reasons_or"], np.nan))
-    f["xid_crit"] = place(c["xid_crit"])
-    f["nb"] = place(c["nb"])
+        v: dict[str, np.ndarray] = {feat: ratio(c[f"{feat}_sum"], c[f"{feat}_n"]) for feat in MEAN_OF}
+        for feat in (*MAX_OF, *MIN_OF):
+            v[feat] = c[feat]
+        v["busy_frac"] = ratio(c["nb"], c["nsm"])
+        v["trans"] = np.where(c["nsm"] > 1, c["trans"], np.nan)
+        v["busy_sm"] = ratio(c["busy_sm_sum"], c["nb"])
+        v["clock_busy"] = ratio(c["clock_busy_sum"], c["ncb"])
+        v["throttle_frac"] = ratio(c["nthr"], c["nrb"])
+        v["reasons_or"] = np.where(c["nrb"] > 0, c["reasons_or"], np.nan)
+        v["xid_crit"] = c["xid_crit"]
+        v["nb"] = c["nb"]
+    block = np.full((len(ALL_FEATURES), g, m_total), np.nan)
+    block[:, gi, mi] = np.stack([v[k] for k in ALL_FEATURES])
+    f = {k: block[i] for i, k in enumerate(ALL_FEATURES)}
     n = np.zeros((g, m_total))
     n[gi, mi] = c["n"]
-    return MinuteFeatures(b0=b0, n=n, f={k: f[k] for k in ALL_FEATURES}, interval_s=state_interval(c, gi))
+    return MinuteFeatures(b0=b0, n=n, f=f, interval_s=state_interval(c, gi))
 
 
 def state_interval(c: dict[str, np.ndarray], gi: np.ndarray) -> float:
