@@ -1,9 +1,11 @@
-"""Raw samples -> per-GPU, per-minute features (pure numpy).
+"""Per-GPU, per-minute features (pure numpy): from the states folded at ingest (``from_states``,
+what the runner reads) and the reference fold of raw samples (``minute_features``).
 
-Everything the heuristics judge is computed from these (G GPUs x M minutes) matrices, so a
-running job is analyzed incrementally: minutes already folded in are kept, only the newest
-minutes are recomputed. Minute buckets are ``floor(ts / 60)``, the same as the storage
-rollups (``gpu_samples_1m.bucket``), so "aligned windows" are aligned across GPUs and nodes.
+Everything the heuristics judge is computed from these (G GPUs x M minutes) matrices. The
+runner builds them from ``storage.minute_features`` states; ``minute_features`` computes the
+same from raw samples (benches, tests, and the proof that the ingest fold equals it).
+Minute buckets are ``floor(ts / 60)``, the same as the storage rollups
+(``gpu_samples_1m.bucket``), so "aligned windows" are aligned across GPUs and nodes.
 """
 
 from __future__ import annotations
