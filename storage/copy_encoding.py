@@ -1,10 +1,12 @@
-"""gpu_samples rows in PostgreSQL's binary COPY format, built with numpy: ``copy_buffer``.
+"""The old wide raw layout's rows (``gpu_samples``: ``ts, gpu_pk, job_pk`` and one column per
+catalog field) in PostgreSQL's binary COPY format, built with numpy: ``copy_buffer``. Since
+migration 0012 the product stores raw samples as blocks (``raw_samples``); this encoder stays
+as the wide reference writer of bench/ingest/raw_layouts.py and of the migration test, which
+builds a database at the previous revision.
 
 Why: per-row Python work is what limits a Python collector, so rows are serialised
 straight from the sample arrays (strided views over one row buffer, a cached layout per
-null pattern) and no Python object is created per row. The layout is the wide raw table's
-(``ts, gpu_pk, job_pk`` and one column per catalog field); a new raw layout gets its own
-encoder beside this one."""
+null pattern) and no Python object is created per row."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from typing import Protocol
 from sqlalchemy import Engine
 
 from gpufleet.storage import retention
+from gpufleet.storage.raw_compact import compact_windows
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class DefaultPolicy:
 class PassResult:
     partitions_created: int = 0
     jobs_closed: int = 0
+    windows_compacted: int = 0
     retention: dict[str, int] | None = None  # None: not due this pass
     errors: list[str] = field(default_factory=list)
 
@@ -76,6 +78,10 @@ def run_once(engine: Engine, now: float, policy: Policy, *, retention_due: bool 
         res.jobs_closed = close_stale(engine, now, policy.stale_job_s)
     except Exception as e:
         res.errors.append(f"stale jobs: {_first_line(e)}")
+    try:  # raw blocks of closed windows merged into one per GPU (storage/raw_compact.py)
+        res.windows_compacted = compact_windows(engine, now)
+    except Exception as e:
+        res.errors.append(f"raw compaction: {_first_line(e)}")
     if retention_due:
         try:
             res.retention = retention.apply_retention(engine, now, policy.raw_days, policy.rollup_days)

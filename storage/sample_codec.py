@@ -7,9 +7,10 @@ nullable columns and index entries for every sample (258 B per GPU-sample); a bl
 once per GPU per write, and the values of one field over time compress well together
 (docs/collector.md has the measurements and the layouts compared).
 
-Layout (version 1): one version byte, the number of fields ``nf`` (u8), then a zstd frame
-holding ``n`` rows of fixed width: the timestamp (8 bytes), then each field in catalog order,
-f4 fields as 4 bytes and the others (f8, i8) as 8. Each column holds, instead of the value,
+Layout (version 1): one version byte, the number of fields ``nf`` (u8), the number of
+samples ``n`` (u32 little-endian), then a zstd frame holding the ``n`` rows of fixed width:
+the timestamp (8 bytes), then each field in catalog order, f4 fields as 4 bytes and the
+others (f8, i8) as 8. Each column holds, instead of the value,
 the zigzagged difference of its IEEE bit pattern from the previous sample's (wrapping integer
 arithmetic, so any bits come back exactly), the timestamp the difference of differences. An
 absent value (NaN) is the canonical quiet NaN's bit pattern, so absent stays absent and a field
@@ -29,6 +30,7 @@ a block with more fields than this catalog is refused (``CorruptBlock``)."""
 from __future__ import annotations
 
 import itertools
+import struct
 import threading
 
 import numpy as np
@@ -41,6 +43,7 @@ _ZLEVEL = 1  # level 3 made blocks 2-3% smaller for 2x the CPU (bench/ingest/raw
 _IS_F4 = np.array([f.dtype == "f4" for f in FIELDS])
 _WIDTHS = np.where(_IS_F4, 4, 8)
 _OFFSETS = 8 + np.concatenate([[0], np.cumsum(_WIDTHS)[:-1]]).astype(int)
+_HEAD = struct.Struct("<BBI")  # version, nf, n
 _F4_NAN = np.uint32(0x7FC00000)
 _F8_NAN = np.uint64(0x7FF8000000000000)
 # zstd contexts are not thread-safe: one pair per thread.
@@ -124,10 +127,10 @@ def encode_blocks(ts: np.ndarray, vals: np.ndarray, starts: np.ndarray) -> list[
             zz = _zigzag(_diff(f8[i8], first))
             i8 += 1
             rows[:, off:off + 8] = zz.view(np.uint8).reshape(n, 8)
-    head = bytes((VERSION, NF))
     comp = _codecs()[0]
     bounds = [*starts.tolist(), n]
-    return [head + comp.compress(rows[lo:hi].T.tobytes()) for lo, hi in itertools.pairwise(bounds)]
+    return [_HEAD.pack(VERSION, NF, hi - lo) + comp.compress(rows[lo:hi].T.tobytes())
+            for lo, hi in itertools.pairwise(bounds)]
 
 
 def encode_block(ts: np.ndarray, vals: np.ndarray) -> bytes:
@@ -139,19 +142,18 @@ def encode_block(ts: np.ndarray, vals: np.ndarray) -> bytes:
 
 def _open(data: bytes | memoryview) -> tuple[np.ndarray, int, int]:
     """The block's rows as a (width, n) byte matrix, n, nf."""
-    if len(data) < 2 or data[0] != VERSION:
+    if len(data) < _HEAD.size or data[0] != VERSION:
         raise CorruptBlock(f"unknown block version {data[0] if len(data) else None}")
-    nf = data[1]
+    _, nf, n = _HEAD.unpack_from(data, 0)
     if nf > NF:
         raise CorruptBlock(f"block has {nf} fields, this catalog {NF}: written by a newer gpufleet")
     try:
-        payload = _codecs()[1].decompress(bytes(data[2:]))
+        payload = _codecs()[1].decompress(bytes(data[_HEAD.size:]))
     except zstandard.ZstdError as e:
         raise CorruptBlock(f"block does not decompress: {e}") from e
     width = row_width(nf)
-    if not payload or len(payload) % width:
-        raise CorruptBlock(f"block payload of {len(payload)} bytes is not rows of {width}")
-    n = len(payload) // width
+    if not n or len(payload) != n * width:
+        raise CorruptBlock(f"block payload of {len(payload)} bytes is not {n} rows of {width}")
     return np.frombuffer(payload, np.uint8).reshape(width, n), n, nf
 
 

@@ -4,8 +4,8 @@ SQL conventions (see docs/grafana.md):
 - times are epoch seconds, so filters use ``$__unixEpochFilter(col)`` and buckets
   ``$__unixEpochGroupAlias(col, $__interval)``: both compare the raw column, so indexes apply
   (``$__timeFilter(to_timestamp(col))`` would not);
-- time series read the 1-minute rollups ``gpu_samples_1m`` / ``job_samples_1m``, never raw
-  ``gpu_samples``;
+- time series read the 1-minute rollups ``gpu_samples_1m`` / ``job_samples_1m``, never
+  raw samples (compressed blocks that SQL cannot read);
 - multi-value variables are used as ``IN ($var)`` (Grafana quotes each value); single-value
   ones as ``'$var'`` (Grafana doubles quotes inside), so a crafted URL cannot inject SQL.
 """
