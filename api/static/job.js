@@ -275,10 +275,13 @@
       const pos = new Map(tx.map((t, i) => [t, i]));
       const place = (p, key) => { const out = new Array(tx.length).fill(null); p.t.forEach((t, i) => { out[pos.get(t)] = p[key][i]; }); return out; };
       const top = Math.max(0, ...ports.flatMap((p) => p.rate_gbps.filter((v) => v !== null)));
+      const lastRate = (p) => { for (let i = p.rate_gbps.length - 1; i >= 0; i--) if (p.rate_gbps[i] !== null) return p.rate_gbps[i]; return null; };
       for (const [key, title] of [["tx_bytes_s", "IB/RoCE tx per NIC"], ["rx_bytes_s", "IB/RoCE rx per NIC"]]) {
         const el = h("div");
         const keys = h("div", { class: "keys" }, ports.map((p, i) => h("span", {}, h("i", { style: { background: `hsl(${(i * 360) / ports.length}, 65%, 60%)` } }),
-          `${p.node}:${p.nic}${p.gpus && p.gpus.length ? ` (GPU ${p.gpus.map((g) => g.index).join(",")})` : ""}`)));
+          `${p.node}:${p.nic}${p.gpus && p.gpus.length ? ` (GPU ${p.gpus.map((g) => g.index).join(",")})` : ""}`,
+          // a port trained below the fastest one says so: the capacity line is the fastest's
+          lastRate(p) !== null && lastRate(p) < top ? h("b", { class: "slow-port" }, ` at ${num(lastRate(p), 0)} Gb/s`) : null)));
         nicEl.append(h("div", { class: "chart", id: `nic-${key}` }, h("div", { class: "ct" }, h("b", {}, title)), el, keys));
         const u = C.chart(el, { t: tx, fmt: rate, timeline, events, axisSize: 72,
           lines: ports.map((p, i) => ({ label: `${p.node}:${p.nic}`, color: `hsl(${(i * 360) / ports.length}, 65%, 60%)`, values: place(p, key) })),
@@ -326,7 +329,8 @@
               h("span", {}, h("i", { style: { background: "#f778ba" } }), `job ${other}`))));
           new uPlot({ width: Math.max(300, (el.getBoundingClientRect().width || 560) - 12), height: 150, legend: { show: false },
             scales: { x: { time: false }, y: { range: f === "power_w" ? undefined : [0, 1] } },
-            axes: [{ ...C.AXIS, values: (u, v) => v.map((x) => dur(x)) }, { ...C.AXIS, size: 56, values: (u, v) => v.map(fmt) }],
+            // round offsets: 5 min .. 1 day
+            axes: [{ ...C.AXIS, space: 70, incrs: [300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400], values: (u, v) => v.map((x) => dur(x)) }, { ...C.AXIS, size: 56, values: (u, v) => v.map(fmt) }],
             series: [{}, { stroke: "#58a6ff", width: 1.5 }, { stroke: "#f778ba", width: 1.5 }] },
           [xs, on(a, ts.aggregate[f] || []), on(b, os.aggregate[f] || [])], el);
         }

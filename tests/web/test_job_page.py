@@ -153,3 +153,39 @@ def test_job_page_64_gpus_legend_and_heatmap(browser: Any, sqlite_url: str, live
     finally:
         ctx.close()
     assert p.errors == []
+
+
+
+def test_job_page_nic_charts_with_link_rate(web: tuple[Page, Seeded], sqlite_url: str) -> None:
+    p, s = web
+    from sqlalchemy import insert, select
+
+    from gpufleet.storage.collectives_models import GpuNicRow, NicSampleRow
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.models import Gpu, Node
+
+    e = make_engine(sqlite_url)
+    with e.begin() as c:  # node-a (job 1001's node): two ports, mlx5_1 trained down to 200 Gb/s
+        nid = c.execute(select(Node.id).where(Node.name == "node-a")).scalar_one()
+        gpu0 = c.execute(select(Gpu.id).where(Gpu.node_id == nid, Gpu.index == 0)).scalar_one()
+        c.execute(insert(GpuNicRow).values(gpu_pk=gpu0, node_id=nid, nic="mlx5_0", mode="rail", seen_ts=s.now))
+        c.execute(insert(NicSampleRow), [
+            {"node_id": nid, "ts": s.now - 60 * m, "nic": nic, "interval_s": 60.0, "link_layer": "InfiniBand",
+             "state": "ACTIVE", "rate_gbps": rate, "tx_bytes_s": 2.0e10, "rx_bytes_s": 1.5e10, "xmit_wait": 0.0,
+             "errors": 0.0, "counters": {}}
+            for m in range(30) for nic, rate in (("mlx5_0", 400.0), ("mlx5_1", 200.0))])
+    e.dispose()
+    pg = p.open("/jobs/1001")
+    pg.locator("#nic-charts").scroll_into_view_if_needed()
+    pg.wait_for_function("() => window.__gpufleet.nicCharts !== undefined")
+    assert pg.evaluate("() => window.__gpufleet.nicCharts") == 2
+    keys = pg.locator("#nic-tx_bytes_s .keys").inner_text()
+    assert "node-a:mlx5_0 (GPU 0)" in keys and "node-a:mlx5_1 at 200 Gb/s" in keys
+    assert "mlx5_0 (GPU 0) at" not in keys  # the port at the top rate is not called out
+    # the NIC charts join the shared range: the picker moves them too
+    pg.locator("#range-picker button[data-range='1h']").click()
+    r = pg.evaluate(RANGES_JS)
+    nic = [(lo, hi) for f, lo, hi in r["charts"] if f in ("tx_bytes_s", "rx_bytes_s")]
+    assert len(nic) == 2 and all(x == pytest.approx(tuple(r["tl"])) for x in nic)
+    p.shot("job-instrument-nics")
+    assert p.errors == []
