@@ -99,6 +99,13 @@ def test_job_page_picker_and_zoom_set_every_chart(web: tuple[Page, Seeded]) -> N
     widths = pg.evaluate("() => window.__gpufleet.plots.filter((p) => p.u.series.length > 5)"
                          ".map((p) => p.u.series.slice(1, 5).map((s) => s.width))")
     assert widths and all(w == [1, 1, 2.2, 1] for w in widths), widths
+    # the heatmap takes any catalog field: one already loaded, one fetched on the same grid
+    pg.locator("#heatmap-field").select_option("temp_c")
+    pg.wait_for_function("() => window.__gpufleet.heatmapField === 'temp_c'")
+    assert "°C" in pg.locator(".heat-scale").inner_text()
+    pg.locator("#heatmap-field").select_option("fb_used_bytes")
+    pg.wait_for_function("() => window.__gpufleet.heatmapField === 'fb_used_bytes'")
+    assert "GiB" in pg.locator(".heat-scale").inner_text()
     p.shot("job-instrument-zoom")
     assert p.errors == []
 
