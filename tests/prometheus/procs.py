@@ -105,16 +105,19 @@ def moving(text: str, k: int, inject: Callable[[str], str] = lambda labels: labe
 
 
 class FakeExporter:
-    """One node's dcgm-exporter: ``/metrics`` answers the capture, moving on every scrape."""
+    """One node's dcgm-exporter: ``/metrics`` answers the capture, moving on every scrape; or,
+    with ``page``, whatever ``page(scrape number)`` gives (``text`` is then unused)."""
 
-    def __init__(self, text: str, inject: Callable[[str], str] = lambda labels: labels) -> None:
+    def __init__(self, text: str, inject: Callable[[str], str] = lambda labels: labels,
+                 page: Callable[[int], str] | None = None) -> None:
         self.text = text
         self.scrapes = 0
         outer = self
+        render = page or (lambda k: moving(outer.text, k, inject))
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = moving(outer.text, outer.scrapes, inject).encode()
+                body = render(outer.scrapes).encode()
                 outer.scrapes += 1
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")

@@ -6,9 +6,7 @@ that serves the Inspector's textfile as it is rewritten dump after dump."""
 
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -21,7 +19,7 @@ from gpufleet.storage.db import make_engine
 from tests.conftest import LiveServer, free_port, make_settings
 from tests.nccl.fabric_model import Fabric, TrainingJob, prom_text
 from tests.prometheus.captures import body, exposition_series
-from tests.prometheus.procs import start_prometheus
+from tests.prometheus.procs import FakeExporter, start_prometheus
 from tests.prometheus.rwclient import post
 
 NODE = "gpu-00"
@@ -181,41 +179,12 @@ def test_stored_through_http_and_a_retry_stores_nothing_twice(database_url, live
     e.dispose()
 
 
-class _InspectorEndpoint:
-    """node-exporter's textfile collector for one node: ``/metrics`` serves the Inspector's
-    textfile as the dump thread rewrites it (the next dump every other scrape) and the node's
-    dcgm-exporter series."""
-
-    def __init__(self, snaps: list[list[dict]]) -> None:
-        self.scrapes = 0
-        self.stopped = False
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                k = min(outer.scrapes // 2, len(snaps) - 1)
-                outer.scrapes += 1
-                dcgm = "".join(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",UUID="GPU-{NODE}-{g}",Hostname="{NODE}"}} 50\n'
-                               for g in range(8))
-                data = (_textfile(snaps[k]) + dcgm).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        if not self.stopped:
-            self.stopped = True
-            self.server.shutdown()
-            self.server.server_close()
+def _inspector_page(snaps: list[list[dict]]):  # type: ignore[no-untyped-def]
+    """node-exporter's textfile collector on NODE: the Inspector's textfile as the dump thread
+    rewrites it (the next dump every other scrape), and the node's dcgm-exporter series."""
+    dcgm = "".join(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",UUID="GPU-{NODE}-{g}",Hostname="{NODE}"}} 50\n'
+                   for g in range(8))
+    return lambda k: _textfile(snaps[min(k // 2, len(snaps) - 1)]) + dcgm
 
 
 @pytest.mark.slow
@@ -226,7 +195,7 @@ def test_real_prometheus_forwards_inspector_series_stored_once_per_collective(da
 
     srv = LiveServer(serving_app(make_settings(database_url, allow_anonymous=False)), free_port()).start()
     snaps = _snapshots(_job(), 8)
-    ep = _InspectorEndpoint(snaps)
+    ep = FakeExporter("", page=_inspector_page(snaps))
     prom = start_prometheus(tmp_path, f"""
 global: {{scrape_interval: 1s, scrape_timeout: 900ms}}
 scrape_configs:
