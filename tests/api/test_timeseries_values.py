@@ -94,8 +94,12 @@ def _check(c: httpx.Client, known: dict[tuple[int, float], dict[str, float | Non
     return ts
 
 
-@pytest.mark.parametrize("step", ["60", "180", "auto"])
-def test_timeseries_points_are_the_minutes_means_and_maxima(api: Api, seeded: tuple[str, Any], step: str) -> None:
+Known = dict[tuple[int, float], dict[str, float | None]]
+
+
+@pytest.fixture
+def tsjob(api: Api, seeded: tuple[str, Any]) -> tuple[httpx.Client, Seeded, list[str], Known]:
+    """The API client over the seeded fleet plus job "tsjob" (_seed): client, fleet, UUIDs, values."""
     from gpufleet.storage.db import make_engine
 
     c, s = api
@@ -104,6 +108,13 @@ def test_timeseries_points_are_the_minutes_means_and_maxima(api: Api, seeded: tu
         uuids, known = _seed(e, s.start)
     finally:
         e.dispose()
+    return c, s, uuids, known
+
+
+@pytest.mark.parametrize("step", ["60", "180", "auto"])
+def test_timeseries_points_are_the_minutes_means_and_maxima(tsjob: tuple[httpx.Client, Seeded, list[str], Known],
+                                                            step: str) -> None:
+    c, s, uuids, known = tsjob
     end = s.start + MINUTES * 60
     ts = _check(c, known, uuids, {"step": step, "start": s.start, "end": end}, [0, 1, 2])
     assert ts["step"] == (60 if step == "auto" else int(step))
@@ -116,15 +127,8 @@ def test_timeseries_points_are_the_minutes_means_and_maxima(api: Api, seeded: tu
     _check(c, known, uuids, {"step": step, "start": s.start, "end": end, "gpu": f"{uuids[2]},{uuids[0]}"}, [2, 0])
 
 
-def test_timeseries_points_parameter_sets_the_auto_step(api: Api, seeded: tuple[str, Any]) -> None:
-    from gpufleet.storage.db import make_engine
-
-    c, s = api
-    e = make_engine(seeded[0])
-    try:
-        uuids, known = _seed(e, s.start)
-    finally:
-        e.dispose()
+def test_timeseries_points_parameter_sets_the_auto_step(tsjob: tuple[httpx.Client, Seeded, list[str], Known]) -> None:
+    c, s, uuids, known = tsjob
     end = s.start + MINUTES * 60
     ts = _check(c, known, uuids, {"points": 10, "start": s.start, "end": end}, [0, 1, 2])
     assert ts["step"] == 300 and ts["points"] in (10, 11)  # 11 when start is not on a 300-s boundary
