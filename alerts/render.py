@@ -5,7 +5,6 @@ readers), stays within Block Kit limits (``fit_limits``), and escapes user-contr
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -45,18 +44,6 @@ def fmt_duration(s: float) -> str:
     if h:
         return f"{h}h {m}m"
     return f"{m}m"
-
-
-def fmt_num(v: object) -> str:
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v) or math.isinf(v):
-            return "n/a"
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v)
 
 
 def cost(config: AlertConfig, gpu_hours: float) -> str:
@@ -104,12 +91,12 @@ def _context(*texts: str) -> dict[str, Any]:
                          for t in texts[:MAX_CONTEXT_ELEMENTS]]}
 
 
-def _evidence(ev: dict[str, Any]) -> str:
+def _evidence(kind: str, ev: dict[str, Any]) -> str:
+    """Labels and units from the registry ("NVLink utilisation `89.9%`"), never raw keys."""
     items = []
     for k, v in list(ev.items())[:MAX_EVIDENCE_ITEMS]:
-        if isinstance(v, dict | list):
-            v = truncate(str(v), 80)
-        items.append(f"{esc(truncate(str(k), 40))}={code(fmt_num(v), 80)}")
+        label, text = flag_kinds().evidence_text(kind, str(k), v)
+        items.append(f"{esc(truncate(label, 40))} {code(text, 80)}")
     more = len(ev) - MAX_EVIDENCE_ITEMS
     return ", ".join(items) + (f" (+{more} more)" if more > 0 else "")
 
@@ -136,7 +123,7 @@ def flag_section(config: AlertConfig, s: KindSummary, is_new: bool) -> dict[str,
              f" — {s.wasted_gpu_hours:.1f} GPU-h wasted{cost(config, s.wasted_gpu_hours)}"]
     for f in s.flags[:3]:
         if f.evidence:
-            lines.append(f"Evidence: {_evidence(f.evidence)}")
+            lines.append(f"Evidence: {_evidence(f.kind, f.evidence)}")
     sugg = next((f.suggestion for f in s.flags if f.suggestion), "")
     if sugg:
         lines.append(f"_Suggestion:_ {esc(truncate(sugg, 1200))}")

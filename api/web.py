@@ -32,7 +32,9 @@ OWN_FILES = {"app.js": "text/javascript", "dom.js": "text/javascript", "app.css"
              "collectives.js": "text/javascript", "goodput.js": "text/javascript",
              "replay.js": "text/javascript", "pages.css": "text/css", "fleet.js": "text/javascript",
              "search.js": "text/javascript", "xid.js": "text/javascript", "gpu.js": "text/javascript",
-             "charts.js": "text/javascript", "heatmap.js": "text/javascript", "job.js": "text/javascript"}
+             "charts.js": "text/javascript", "heatmap.js": "text/javascript", "job.js": "text/javascript",
+             "evidence.js": "text/javascript", "events.js": "text/javascript", "node.js": "text/javascript",
+             "evidence.css": "text/css"}
 UPLOT_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.iife.js": "text/javascript",
                "uPlot.min.css": "text/css"}
 # Swagger UI and ReDoc from the installed ``fastapi-offline`` package (never copied here).
@@ -73,11 +75,13 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <link rel="stylesheet" href="/static/uplot/uPlot.min.css">
 <link rel="stylesheet" href="/static/app.css?v={__version__}">
 <link rel="stylesheet" href="/static/pages.css?v={__version__}">
+<link rel="stylesheet" href="/static/evidence.css?v={__version__}">
 </head><body>
 <header><a class="brand" href="/">gpufleet</a><nav>{nav}</nav><span id="status" class="muted"></span></header>
 <main id="app" data-config="{html.escape(json.dumps(cfg), quote=True)}"><p class="muted">Loading…</p></main>
 <script src="/static/uplot/{_uplot_js()}"></script>
 <script src="/static/dom.js?v={__version__}"></script>
+<script src="/static/evidence.js?v={__version__}"></script>
 <script src="/static/auth/session.js?v={__version__}"></script>
 <script src="/static/collectives.js?v={__version__}"></script>
 <script src="/static/goodput.js?v={__version__}"></script>
@@ -87,6 +91,8 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <script src="/static/charts.js?v={__version__}"></script>
 <script src="/static/heatmap.js?v={__version__}"></script>
 <script src="/static/job.js?v={__version__}"></script>
+<script src="/static/events.js?v={__version__}"></script>
+<script src="/static/node.js?v={__version__}"></script>
 <script src="/static/app.js?v={__version__}"></script>
 <script src="/static/search.js?v={__version__}"></script>
 <script src="/static/replay.js?v={__version__}"></script>

@@ -43,6 +43,50 @@ class EvidenceField:
     def as_json(self) -> dict[str, str]:
         return {"label": self.label, "unit": self.unit, "meaning": self.meaning, **({"of": self.of} if self.of else {})}
 
+    def text(self, value: Any) -> str:
+        """The value as plain text in this key's unit, for messages (Slack); the web pages use
+        api/static/evidence.js, which follows the same rules with folding and links."""
+        return value_text(self.unit if self.unit not in ("list", "map") else self.of, value)
+
+
+def _num(v: float) -> str:
+    if float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _scaled(v: float, base: float, units: tuple[str, ...]) -> str:
+    x, i = abs(v), 0
+    while x >= base and i < len(units) - 1:
+        x /= base
+        i += 1
+    return f"{'-' if v < 0 else ''}{float(f'{x:.3g}'):g} {units[i]}"
+
+
+def value_text(unit: str, v: Any) -> str:
+    """One evidence value in its unit: ratios as %, bytes/s as GB/s, integers without decimals;
+    None reads "not measured" (unknown is not zero); lists and maps item by item."""
+    if v is None:
+        return "not measured"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, list):
+        return ", ".join(value_text(unit, x) for x in v[:8]) + (f" (+{len(v) - 8})" if len(v) > 8 else "")
+    if isinstance(v, dict):
+        return ", ".join(f"{str(k).replace('_', ' ')} {value_text(unit, x)}" for k, x in v.items())
+    if not isinstance(v, int | float) or v != v or v in (float("inf"), float("-inf")):
+        return str(v)
+    if unit == "ratio":
+        return f"{v * 100:.1f}".rstrip("0").rstrip(".") + "%"
+    if unit == "bytes/s":
+        return _scaled(float(v), 1000, ("B/s", "KB/s", "MB/s", "GB/s", "TB/s"))
+    if unit == "bytes":
+        return _scaled(float(v), 1024, ("B", "KiB", "MiB", "GiB", "TiB"))
+    if unit == "xid":
+        return f"XID {int(v)}"
+    suffix = {"MHz": " MHz", "W": " W", "GiB": " GiB", "minutes": " min", "seconds": " s", "per_minute": " /min"}
+    return _num(round(v) if unit in ("MHz", "W") else v) + suffix.get(unit, "")
+
 
 @dataclass(frozen=True, slots=True)
 class FlagKind:
@@ -136,6 +180,19 @@ class FlagKinds:
 
     def item_field(self, key: str) -> EvidenceField | None:
         return next((e for e in self.item_evidence if e.key == key), None)
+
+    def evidence_text(self, kind: str, key: str, value: Any) -> tuple[str, str]:
+        """(label, value) of one evidence entry for a message; a key or kind the registry lacks
+        reads as words ("idle fraction"), its value unformatted."""
+        try:
+            spec = self.evidence_field(kind, key)
+        except KeyError:
+            spec = None
+        if spec is None:
+            return key.replace("_", " "), value_text("", value)
+        if key == "cause" and isinstance(value, str):
+            return spec.label, value.replace("_", " ")
+        return spec.label, spec.text(value)
 
     def as_json(self) -> dict[str, Any]:
         return {"kinds": [k.as_json() for k in self.kinds],

@@ -65,22 +65,13 @@
   }
   // The flag-kind registry (GET /api/v1/flag-kinds, from gpufleet/flagkinds.toml): kinds,
   // titles, evidence labels and units. Never copied here, so a new kind needs no change.
+  // evidence.js fetches it once and formats every flag's evidence from it.
+  const EV = window.gpufleetEvidence;
   let KINDS = { kinds: [], common_evidence: {} };
-  const kindsReady = api("/api/v1/flag-kinds").then((r) => { KINDS = r; }, () => { /* pages still show raw names */ });
+  const kindsReady = EV.registry().then((r) => { KINDS = r; }, () => { /* pages still show raw names */ });
   const kindOf = (name) => KINDS.kinds.find((k) => k.name === name);
   const kindTitle = (name) => (kindOf(name) || {}).title || name;
   const kindOptions = () => [["", "any"], ...KINDS.kinds.map((k) => [k.name, k.title])];
-  const evSpec = (kind, key) => ((kindOf(kind) || {}).evidence || {})[key] || KINDS.common_evidence[key] || null;
-  function evValue(spec, v) {
-    if (typeof v !== "number") return typeof v === "string" ? v : JSON.stringify(v);
-    const unit = spec ? spec.unit : "";
-    if (unit === "ratio") return `${(v * 100).toFixed(1)}%`;
-    if (unit === "bytes/s") return rate(v);
-    if (unit === "bytes") return gib(v);
-    const n = Math.abs(v) < 10 && !Number.isInteger(v) ? v.toFixed(3) : Number.isInteger(v) ? String(v) : v.toFixed(1);
-    const suffix = { MHz: " MHz", W: " W", GiB: " GiB", minutes: " min", seconds: " s", per_minute: "/min" }[unit] || "";
-    return n + suffix;
-  }
   const status = (t) => { document.getElementById("status").textContent = t; };
   function done() {
     if (!state.ready) { state.renderMs = performance.now() - T0; state.ready = true; document.body.dataset.ready = "1"; }
@@ -290,58 +281,13 @@
       h("div", {}, h("span", { class: "k" }, kindTitle(f.kind)), " ", chip(f), f.scope ? h("span", { class: "muted" }, ` on ${f.scope}`) : null,
         h("span", { class: "muted", style: { float: "right" } }, `${gh(f.wasted_gpu_hours)} GPU-h${f.open ? "" : " · resolved"}`)),
       h("div", { class: "s" }, f.suggestion),
-      h("table", {}, h("tbody", {}, Object.entries(f.evidence || {}).map(([k, v]) => {
-        const spec = evSpec(f.kind, k);
-        return h("tr", {}, h("td", { class: "muted", title: spec ? `${k}: ${spec.meaning}` : k }, spec ? spec.label : k),
-          h("td", {}, evValue(spec, v)));
-      }))),
+      EV.table(f.kind, f.evidence),  // evidence.js: labels, units, meanings, folded lists
     )) : h("p", { class: "muted" }, j.summary.source === "live" ? "Not analysed yet; no flags." : "No flags: this job uses its GPUs well."));
   }
   const jobPage = () => window.gpufleetJobPage({ root, cfg, state, h, fill, api, qs, enc, table, kpi, when, dur, now, pct, num, gh, gib, rate, dash,
     kindsReady, kindTitle, flagCards: jobFlagCards, nodeHref, jobHref, done, fail });
 
-  // ---- Node ----------------------------------------------------------------------------
-  async function nodePage() {
-    const { name, cluster } = cfg.args;
-    let n;
-    try { n = await api(`/api/v1/nodes/${enc(name)}?${qs({ cluster })}`); } catch (e) { return fail(e); }
-    const thr = (g) => g.throttle;
-    if (window.gpufleetXid) await window.gpufleetXid.ready;  // XID meanings (xid.js)
-    fill(root, 
-      h("h1", {}, `Node ${n.name}`),
-      h("div", { class: "meta" }, h("span", {}, "cluster ", h("b", {}, n.cluster)), h("span", {}, "agent ", h("b", {}, n.agent_version ?? dash)),
-        h("span", {}, "last seen ", h("b", {}, when(n.last_seen))), h("span", {}, `${n.gpus.length} GPUs`),
-        Object.entries(n.labels || {}).map(([k, v]) => h("span", { class: "chip" }, `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`))),
-      h("h2", {}, "GPUs"),
-      table([
-        { label: "GPU", n: true, get: (g) => g.index },
-        { label: "Model", get: (g) => g.model ?? dash },
-        { label: "UUID", get: (g) => h("a", { class: "trunc", title: g.uuid, href: `/gpus/${enc(g.uuid)}` }, g.uuid) },
-        { label: "Job", get: (g) => (g.job ? h("a", { href: jobHref(g.job.cluster, g.job.job_id) }, g.job.job_id) : dash) },
-        { label: "User", get: (g) => h("span", { class: "trunc", title: g.job?.user ?? "" }, g.job?.user ?? dash) },
-        { label: "SM now", n: true, get: (g) => pct(g.current?.sm_active) },
-        { label: "Tensor now", n: true, get: (g) => pct(g.current?.tensor_active) },
-        { label: "Power", n: true, get: (g) => (g.current ? `${num(g.current.power_w, 0)} W` : dash) },
-        { label: "Temp", n: true, get: (g) => (g.current ? `${num(g.current.temp_c, 0)} °C` : dash) },
-        { label: "SM clock", n: true, get: (g) => (g.current ? `${num(g.current.sm_clock_mhz, 0)} MHz` : dash) },
-        { label: "Clock reasons now", get: (g) => (g.current?.clock_event_reasons || []).map((r) => h("span", { class: "chip" }, r)) },
-        { label: "Throttled 24 h", n: true, title: "minutes slowed by power/thermal/HW reasons", get: (g) => (thr(g) ? `${pct(thr(g).throttled_fraction)} (${thr(g).throttled_minutes} min)` : dash) },
-        { label: "Max temp 24 h", n: true, get: (g) => (thr(g) ? `${num(thr(g).temp_c_max, 0)} °C` : dash) },
-      ], n.gpus, { class: "gpus" }),
-      h("h2", {}, "XID / ECC / health events (7 days)"),
-      n.events.length ? table([
-        { label: "Time", get: (e) => when(e.ts) }, { label: "Kind", get: (e) => e.kind }, { label: "Code", n: true, get: (e) => e.code ?? dash },
-        { label: "GPU", n: true, get: (e) => (e.gpu_uuid ? h("a", { href: `/gpus/${enc(e.gpu_uuid)}` }, e.gpu_index ?? "?") : e.gpu_index ?? dash) },
-        { label: "Meaning (NVIDIA)", wrap: true, get: (e) => (window.gpufleetXid && window.gpufleetXid.describe(e.kind, e.code)) || dash },
-        { label: "Message", wrap: true, get: (e) => e.message },
-      ], n.events, { class: "events" }) : h("p", { class: "muted" }, "No events."));
-    if (window.gpufleetNodeNics) {  // the node's IB/RoCE ports (collectives.js, docs/nccl.md)
-      const nicEl = h("div", { id: "node-nics" });
-      root.append(h("h2", {}, "NICs (InfiniBand / RoCE)"), nicEl);
-      await window.gpufleetNodeNics(nicEl, name, cluster).catch((e) => state.errors.push(String(e)));
-    }
-    done();
-  }
+  // ---- Node: node.js (charts, events, jobs) -------------------------------------------
 
   // ---- Flags ---------------------------------------------------------------------------
   async function flagsPage() {
@@ -351,15 +297,9 @@
     const SEV = { critical: 0, warning: 1, info: 2 };
     const sorters = { waste: null, newest: (a, b) => b.start_ts - a.start_ts,  // waste: the API's own order
       severity: (a, b) => (SEV[a.severity] ?? 9) - (SEV[b.severity] ?? 9) || (b.wasted_gpu_hours || 0) - (a.wasted_gpu_hours || 0) };
-    // One line of evidence: the first three numbers the registry labels, with their units.
-    // A key the registry does not label reads as words ("idle fraction"), never as snake_case.
-    // Lists of plain values are folded ("74, 79 +2"); nested objects stay on the job page.
-    const fold = (v) => (Array.isArray(v) ? `${v.slice(0, 2).join(", ")}${v.length > 2 ? ` +${v.length - 2}` : ""}` : v);
-    const plain = (v) => v !== null && v !== undefined && (typeof v !== "object" || (Array.isArray(v) && v.length > 0 && v.every((e) => typeof e !== "object")));
-    const evLine = (x) => Object.entries(x.evidence || {})
-      .filter(([, v]) => plain(v)).map(([k, v]) => [k, fold(v)])
-      .map(([k, v]) => [evSpec(x.kind, k), k, v]).sort(([a], [b]) => (b ? 1 : 0) - (a ? 1 : 0)).slice(0, 3)
-      .map(([spec, k, v]) => `${spec ? spec.label : k.replace(/_/g, " ")} ${evValue(spec, v)}`).join(" · ") || dash;
+    // One line of evidence (evidence.js): the measured cause, then the first three numbers the
+    // registry labels, with their units; unlabelled keys read as words, long lists as counts.
+    const evLine = (x) => EV.line(x.kind, x.evidence, 3);
     const out = h("div");
     const sel = (name, label, options) => h("label", {}, label, h("select", { name, onchange: (e) => { f[name] = e.target.value; load(); } },
       options.map(([v, t]) => h("option", { value: v, selected: f[name] === v }, t))));
@@ -390,7 +330,8 @@
     done();
   }
 
-  const pages = { fleet: fleetPage, jobs: jobsPage, job: jobPage, node: nodePage, flags: flagsPage,
+  const pages = { fleet: fleetPage, jobs: jobsPage, job: jobPage, flags: flagsPage,
+    node: () => window.gpufleetNodePage({ root, cfg, h, fill, api, table, when, pct, num, dash, enc, jobHref, state }).then(done),  // node.js
     gpu: () => window.gpufleetGpuPage({ root, cfg, h, fill, api, table, kpi, when, pct, num, dash, enc, jobHref, nodeHref }).then(done) };  // gpu.js
   // The registry loads alongside each page's own data; pages await it only before they draw.
   (pages[cfg.page] || fleetPage)().catch(fail);

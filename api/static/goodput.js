@@ -67,9 +67,13 @@
       kpi("Restarts", `${g.restarts}`, g.lost_steps ? `${g.lost_steps} steps redone` : "")));
     el.append(h("h3", {}, "Where the allocated time went"), badputBars(g));
     const finds = g.findings || [];
-    if (finds.length) el.append(h("ul", { id: "progress-findings" }, finds.map((f) => h("li", { class: `flag ${f.severity}` },
-      `${f.kind}${f.scope !== "progress" ? ` (${f.scope.replace("progress:", "")})` : ""}: `,
-      Object.entries(f.evidence || {}).filter(([, v]) => typeof v !== "object").slice(0, 6).map(([k, v]) => `${k} ${v}`).join(", ")))));
+    // titles, labels and units from the registry (evidence.js); a kind it lacks shows its name
+    const E = window.gpufleetEvidence;
+    const reg = finds.length ? await E.registry().catch(() => ({ kinds: [] })) : { kinds: [] };
+    const title = (kind) => ((reg.kinds || []).find((k) => k.name === kind) || {}).title || kind;
+    if (finds.length) el.append(h("ul", { id: "progress-findings" }, finds.map((f) => h("li", { class: `flag ${f.severity}`, "data-kind": f.kind },
+      h("b", {}, title(f.kind)), f.scope !== "progress" ? ` (${f.scope.replace("progress:", "")})` : "", ": ",
+      E.line(f.kind, f.evidence, 6)))));
     let p;
     try {
       p = await (await fetch(`${base}/progress?${new URLSearchParams({ cluster })}`, { credentials: "same-origin" })).json();

@@ -85,3 +85,25 @@ def test_link_errors_cause_is_link_down_first_then_the_counter_that_grew_most() 
     assert link_errors.cause_of([_port(symbol_error=5), _port(packet_seq_err=40)]) == "roce_sequence"
     assert link_errors.cause_of([_port(excessive_buffer_overrun_errors=3)]) == "buffer_overrun"
     assert link_errors.cause_of([_port(unknown_counter=3)]) is None
+
+
+def test_message_text_of_evidence_uses_labels_and_units() -> None:
+    """Slack shows evidence through the registry (gpufleet.flagkinds.value_text), as the web does."""
+    reg = flag_kinds()
+    assert reg.evidence_text("comm_bound", "link_capacity_bytes_s", {"nvlink": 4.5e11, "ib": 5e10}) == (
+        "link capacity", "nvlink 450 GB/s, ib 50 GB/s")
+    assert reg.evidence_text("comm_bound", "nvlink_util", 0.899) == ("NVLink utilisation", "89.9%")
+    assert reg.evidence_text("idle_gpu", "n_gpus", 4) == ("GPUs", "4")
+    assert reg.evidence_text("idle_gpu", "n_gpus", 4.0) == ("GPUs", "4")
+    assert reg.evidence_text("throttled", "sm_clock_mhz", 1415.258) == ("SM clock", "1,415 MHz")
+    assert reg.evidence_text("throttled", "cause", "power_cap") == ("measured cause", "power cap")
+    assert reg.evidence_text("hung", "power_w", None) == ("power", "not measured")
+    assert reg.evidence_text("idle_gpu", "idle_fraction", 0.97) == ("idle fraction", "0.97")  # not in the registry
+    assert reg.evidence_text("from_a_newer_version", "x_y", "z") == ("x y", "z")
+
+
+def test_slack_evidence_line_has_labels_not_keys() -> None:
+    from gpufleet.alerts.render import _evidence
+
+    line = _evidence("comm_bound", {"nvlink_util": 0.899, "link_capacity_bytes_s": {"nvlink": 4.5e11}, "episodes": 2})
+    assert line == "NVLink utilisation `89.9%`, link capacity `nvlink 450 GB/s`, episodes `2`"

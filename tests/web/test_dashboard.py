@@ -32,7 +32,8 @@ def test_every_page_loads_clean(web: tuple[Page, Seeded]) -> None:
     pg = p.open("/jobs/1002")
     flags = pg.locator("#flags .flag")
     assert flags.count() == 2 and "release the allocation" in flags.first.inner_text()
-    assert "idle_fraction" in flags.first.inner_text()
+    # evidence.js: a key the registry lacks reads as words with its number, never snake_case
+    assert "idle fraction\t97%" in flags.first.inner_text()  # a "_fraction" key reads as a ratio
     assert pg.locator("#grafana-link").get_attribute("href").startswith("http://grafana.example:3000/d/")
     assert pg.locator("table.pergpu tbody tr").count() == 2
 
@@ -50,7 +51,7 @@ def test_every_page_loads_clean(web: tuple[Page, Seeded]) -> None:
     pg = p.open("/nodes/node-b")
     assert pg.locator("table.gpus tbody tr").count() == 4
     events = pg.locator("table.events").inner_text()
-    assert "xid" in events and "79" in events
+    assert "XID 79" in events  # events.js
     p.shot("node")
 
     pg = p.open("/flags")

@@ -37,7 +37,7 @@ def test_flags_show_severity_and_evidence_in_words(web: tuple[Page, Seeded], sql
     evidence = _col(pg, "Evidence")
     assert len(evidence) == len(api)
     idle = next(line for line, f in zip(evidence, api, strict=True) if f["kind"] == "idle_gpu")
-    assert "max SM activity 2.0%" in idle  # the registry's label, the ratio as a percentage
+    assert "max SM activity 2%" in idle  # the registry's label, the ratio as a percentage
     assert all("_" not in line for line in evidence), evidence  # unlabelled keys read as words too
     throttled = next(line for line, f in zip(evidence, api, strict=True) if f["kind"] == "throttled")
     assert throttled == "gpu uuids GPU-a, GPU-b +2"  # folded; the nested object is left to the job page
