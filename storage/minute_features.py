@@ -349,14 +349,13 @@ def upsert_folded(conn: Connection, f: Folded) -> None:
 
 def fold_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> None:
     """The write path's hook: fold the stored rows (``vals`` in catalog order) as the raw
-    table holds them (float4 fields rounded to float4 on PostgreSQL, as a raw read sees them)."""
+    store holds them: f4 fields through float32, as a raw read returns them."""
     from gpufleet.storage.fields import FIELD_INDEX, FIELDS
 
-    pg = dialect_of(conn) == "postgresql"
     cols = {}
     for name in RAW_FIELDS:
         v = vals[FIELD_INDEX[name]]
-        cols[name] = v.astype(np.float32).astype(np.float64) if pg and FIELDS[FIELD_INDEX[name]].dtype == "f4" else v
+        cols[name] = v.astype(np.float32).astype(np.float64) if FIELDS[FIELD_INDEX[name]].dtype == "f4" else v
     upsert_folded(conn, fold(ts, gpu_pk, job_pk, cols))
 
 

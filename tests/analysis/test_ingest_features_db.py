@@ -91,7 +91,6 @@ def test_the_upsert_merges_as_the_pure_merge(engine: Engine) -> None:
         got = read_states(c, job_pk, -1e18, 1e18)
         hist = read_hist(c, job_pk)
         gpu_pk = {u: pk for pk, u in c.exec_driver_sql("SELECT id, uuid FROM gpus").all()}
-        pg = c.dialect.name == "postgresql"
     model = None
     for seq in seqs:
         p = prepare(_batch(seq, T0 + 10 * seq, T0 + 10 * seq + 10))
@@ -100,7 +99,7 @@ def test_the_upsert_merges_as_the_pure_merge(engine: Engine) -> None:
         cols = {}
         for name, j in FIELD_INDEX.items():
             v = p.vals[j]
-            cols[name] = v.astype(np.float32).astype(np.float64) if pg and FIELDS[j].dtype == "f4" else v
+            cols[name] = v.astype(np.float32).astype(np.float64) if FIELDS[j].dtype == "f4" else v
         f = fold(p.ts, np.array([gpu_pk[u] for u in p.gpu]), np.full(p.n, job_pk), cols)
         model = f if model is None else merge_folded(model, f)
     assert model is not None
