@@ -6,6 +6,7 @@ cold worker read it once: job_reports.report and flags bit for bit."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Engine, select
@@ -110,3 +111,35 @@ def test_the_upsert_merges_as_the_pure_merge(engine: Engine) -> None:
     # histograms: element-wise sums per job-hour, and one fold counted per batch
     assert [(h.hour, h.folds) for h in hist] == [(int(model.hist_hour[0]), len(seqs))]
     np.testing.assert_array_equal(hist[0].h, model.hist[0])
+
+
+def test_a_repeated_window_under_another_batch_key_folds_only_its_new_samples(engine: Engine) -> None:
+    first = _batch(0, T0, T0 + 10)
+    # an agent restarted (new boot id) and re-sent 5 s it had already shipped, plus 5 new ones
+    again = _batch(1, T0 + 5, T0 + 15)
+    again.agent = AgentInfo(boot_id="boot-g", seq=0, node="node-f")
+    with engine.begin() as c:
+        write_batches(c, [prepare(first)], now=T0 + 10)
+    with engine.begin() as c:
+        write_batches(c, [prepare(again)], now=T0 + 15)
+    with engine.begin() as c:  # the same batch key again: a duplicate, acknowledged, not folded
+        write_batches(c, [prepare(again)], now=T0 + 16)
+    with engine.connect() as c:
+        job_pk = c.exec_driver_sql("SELECT id FROM jobs").scalar_one()
+        got = read_states(c, job_pk, -1e18, 1e18)
+        hist = read_hist(c, job_pk)
+        gpu_pk = {u: pk for pk, u in c.exec_driver_sql("SELECT id, uuid FROM gpus").all()}
+    from gpufleet.storage.fields import FIELD_INDEX, FIELDS
+
+    def folded(b: Batch, since: float) -> Any:
+        p = prepare(b)
+        keep = p.ts >= since
+        cols = {name: (p.vals[j].astype(np.float32).astype(np.float64) if FIELDS[j].dtype == "f4" else p.vals[j])[keep]
+                for name, j in FIELD_INDEX.items()}
+        return fold(p.ts[keep], np.array([gpu_pk[u] for u in p.gpu])[keep], np.full(int(keep.sum()), job_pk), cols)
+
+    model = merge_folded(folded(first, T0), folded(again, T0 + 10))
+    want = np.column_stack([{"bucket": model.bucket, "gpu_pk": model.gpu_pk, **model.cols}[c] for c in READ_COLUMNS])
+    np.testing.assert_array_equal(got, want[np.lexsort((want[:, 1], want[:, 0]))])
+    assert int(got[:, READ_COLUMNS.index("n")].sum()) == 15 * G  # 15 s of 4 GPUs, none twice
+    assert sum(h.folds for h in hist) == 2  # the duplicate batch folded nothing
