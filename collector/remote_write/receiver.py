@@ -53,9 +53,10 @@ class Stats:
         self.rows = 0
         self.duplicate_batches = 0
         self.rows_already_stored = 0
+        self.collectives = 0  # NCCL collective aggregates stored (docs/prometheus.md)
 
     def add(self, status: int, conv: Conversion | None = None, rows: int = 0, dupes: int = 0,
-            skipped: int = 0) -> None:
+            skipped: int = 0, collectives: int = 0) -> None:
         with self.lock:
             self.requests[status] += 1
             if conv is not None and status < 300:
@@ -65,6 +66,7 @@ class Stats:
                 self.rows += rows
                 self.duplicate_batches += dupes
                 self.rows_already_stored += skipped
+                self.collectives += collectives
 
 
 class Receiver:
@@ -162,7 +164,7 @@ class Receiver:
             except (Overloaded, Unavailable) as e:
                 busy = str(e)
                 break
-        rows = dupes = skipped = 0
+        rows = dupes = skipped = colls = 0
         for prep, fut in zip(conv.prepared, futs, strict=False):
             try:
                 res = await fut
@@ -179,6 +181,7 @@ class Receiver:
             rows += res.stored
             dupes += int(res.duplicate)
             if not res.duplicate:
+                colls += len(prep.batch.collectives)
                 # the write path keeps one sample per (GPU, ts): a row whose GPU and time were
                 # stored before (another shard's request carried other fields of it) is skipped
                 skipped += max(0, prep.n - res.stored)
@@ -195,11 +198,12 @@ class Receiver:
             return answer(status, "; ".join(d for _, d in rejected[:5]) + " (the request's other nodes are stored)")
         with self._lock:
             self.rates.commit(conv.rate_updates)
-        self.stats.add(200, conv, rows, dupes, skipped)
+        self.stats.add(200, conv, rows, dupes, skipped, colls)
         out = conv.summary()
         out["stored"] = rows
         out["duplicate_batches"] = dupes
         out["rows_already_stored"] = skipped
+        out["collectives_stored"] = colls
         return 200, _json.encode(out), []
 
 

@@ -81,9 +81,12 @@ class RemoteWriteMetrics(Collector):
                                         "Rows skipped because their (GPU, timestamp) was stored before: a GPU's "
                                         "fields split over shards (keep one queue per GPU, docs/prometheus.md)")
             again.add_metric([], s.rows_already_stored)
+            colls = CounterMetricFamily("gpufleet_remote_write_collectives",
+                                        "NCCL collective aggregates stored from Inspector series (Prometheus mode)")
+            colls.add_metric([], s.collectives)
         known = GaugeMetricFamily("gpufleet_remote_write_series_cached", "Series label sets mapped and cached")
         known.add_metric([], len(self.rw.series))
-        yield from (req, ign, drop, samples, rows, dup, again, known)
+        yield from (req, ign, drop, samples, rows, dup, again, colls, known)
 
 
 def _register_metrics(app: FastAPI, rw: Receiver) -> None:

@@ -163,13 +163,17 @@ def test_stored_through_http_and_a_retry_stores_nothing_twice(database_url, live
     assert r.status_code == 200, r.text
     want = len(_distinct(snaps[:3]))
     assert r.json()["nccl_records"] == want and _stored_collectives(e) == want
+    assert r.json()["collectives_stored"] == r.json()["collectives"] > 0
     assert _api_collectives(srv.url) == want
     again = post(srv.url, raw)  # Prometheus' retry after a lost answer: the very same bytes
     assert again.status_code == 200 and again.json()["duplicate_batches"] == 1
+    assert again.json()["collectives_stored"] == 0
     # the same snapshots scraped again later (new timestamps, new bytes): nothing new to count
     later = post(srv.url, _scrapes(snaps[2:3], t0 + 20_000))
     assert later.status_code == 200 and later.json()["nccl_records"] == 0
     assert _stored_collectives(e) == want and _api_collectives(srv.url) == want
+    metrics = httpx.get(srv.url + "/metrics", timeout=30).text
+    assert f"gpufleet_remote_write_collectives_total {float(r.json()['collectives'])}" in metrics
     with e.connect() as c:
         gpus = {u for (u,) in c.execute(text(
             "select g.uuid from collective_windows w join gpus g on g.id = w.gpu_pk"))}
