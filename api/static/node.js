@@ -99,8 +99,9 @@
             if (idx === null || idx === undefined) { readout.textContent = ""; return; }
             const vals = rows.map((r) => r[idx]).filter((v) => v !== null && v !== undefined);
             const one = lit !== null ? rows[lit][idx] : null;
-            readout.textContent = `${when(ts.t[idx])}  ` + (lit !== null ? `GPU ${ts.gpus[lit].index} ${one === null || one === undefined ? dash : spec.fmt(one)}`
-              : vals.length ? `GPUs ${spec.fmt(Math.min(...vals))}…${spec.fmt(Math.max(...vals))}` : dash);
+            const u = spec.unit ? ` ${spec.unit}` : "";
+            readout.textContent = `${when(ts.t[idx])}  ` + (lit !== null ? `GPU ${ts.gpus[lit].index} ${one === null || one === undefined ? dash : spec.fmt(one) + u}`
+              : vals.length ? `GPUs ${spec.fmt(Math.min(...vals))}…${spec.fmt(Math.max(...vals))}${u}` : dash);
           } });
         plots.push(u);
       }

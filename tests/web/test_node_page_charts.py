@@ -43,6 +43,7 @@ def test_node_page_draws_per_gpu_charts_events_and_jobs(web: tuple[Page, Seeded]
     assert box is not None
     pg.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 2)
     pg.wait_for_function("() => document.querySelector('#node-chart-power_w .rd').textContent.includes('GPU 3')")
+    assert pg.locator("#node-chart-power_w .rd").inner_text().endswith("300 W")  # GPU 3 ran the 300 W job
 
     ev = pg.locator("#node-events tbody tr")
     assert ev.count() == 2
