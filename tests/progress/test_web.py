@@ -44,6 +44,10 @@ def test_goodput_panel_and_fleet_ettr(sqlite_url: str, live_server) -> None:  # 
             assert causes[0] == "productive" and "data_wait" in causes
             slow = pg.eval_on_selector_all("#rank-steptime .keys .slow", "ks => ks.map(k => k.textContent)")
             assert len(slow) == 1 and slow[0].startswith("rank 2")
+            # the finding reads with the registry's title, labels and units (evidence.js), no raw keys
+            finding = pg.inner_text("#progress-findings li[data-kind='slow_rank']")
+            assert finding.startswith("Slow rank") and "step time" in finding and " s" in finding, finding
+            assert "peers_step_s" not in finding and "step_s" not in finding, finding
             pg = page.open("/")
             text = pg.inner_text("main").lower()
             assert "fleet ettr" in text and "1 job reporting progress" not in text  # a tooltip, not text
