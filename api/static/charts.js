@@ -5,7 +5,8 @@
  *                       sync moves their cursors together);
  *   chart(el, spec)     a uPlot chart that joins a timeline, with horizontal capacity lines,
  *                       event markers and an optional band painted above the plot;
- *   lazy(el, build)     build a chart only when it scrolls near the viewport.
+ *   lazy(el, build)     build a chart only when it scrolls near the viewport; flush() builds
+ *                       every pending one (a promise: a builder may wait for its data).
  * Data arrays go to uPlot as the API sent them (nulls are gaps): no copy per point. */
 "use strict";
 (() => {
@@ -124,12 +125,13 @@
     for (const en of entries) if (en.isIntersecting) { io.unobserve(en.target); run(en.target); }
   }, { rootMargin: "100% 0px" });
   const builders = new WeakMap();
-  function run(el) { const b = builders.get(el); if (b) { builders.delete(el); pending.delete(el); b(); } }
+  function run(el) { const b = builders.get(el); if (b) { builders.delete(el); pending.delete(el); return b(); } return null; }
   function lazy(el, build) {
     if (!io) { build(); return; }
     builders.set(el, build); pending.add(el); io.observe(el);
   }
-  function flush() { for (const el of [...pending]) { if (io) io.unobserve(el); run(el); } }
+  // a builder may return a promise (its data still on the way): flush resolves when all are built
+  function flush() { return Promise.all([...pending].map((el) => { if (io) io.unobserve(el); return run(el); })); }
 
   window.gpufleetCharts = { timeline, chart, lazy, flush, niceRange, eventColor, AXIS };
 })();

@@ -14,11 +14,15 @@
     { field: "tensor_active", title: "Tensor active", ratio: true },
     { field: "dram_active", title: "DRAM active", ratio: true },
     { field: "power_w", title: "Power", unit: "W" },
-    { field: "temp_c", title: "Temperature", unit: "°C" },
-    { field: "sm_clock_mhz", title: "SM clock", unit: "MHz", clock: true },
-    { field: "nvlink_tx_bytes_s", title: "NVLink tx per GPU", bytes: true, cap: "nvlink_bytes_s" },
-    { field: "nvlink_rx_bytes_s", title: "NVLink rx per GPU", bytes: true, cap: "nvlink_bytes_s" },
+    // "later": fetched once the page is interactive (on the first grid), so their parse is not
+    // on the way to the first paint; a chart of them on screen waits for them
+    { field: "temp_c", title: "Temperature", unit: "°C", later: true },
+    { field: "sm_clock_mhz", title: "SM clock", unit: "MHz", clock: true, later: true },
+    { field: "nvlink_tx_bytes_s", title: "NVLink tx per GPU", bytes: true, cap: "nvlink_bytes_s", later: true },
+    { field: "nvlink_rx_bytes_s", title: "NVLink rx per GPU", bytes: true, cap: "nvlink_bytes_s", later: true },
   ];
+  const FIRST = GPU_CHARTS.filter((g) => !g.later).map((g) => g.field);
+  const LATER = [...GPU_CHARTS.filter((g) => g.later).map((g) => g.field), "clock_event_reasons"];
   const LINK_FIELDS = [["pcie_tx_bytes_s", "PCIe tx", "#3fb950"], ["pcie_rx_bytes_s", "PCIe rx", "#238636"],
     ["ib_tx_bytes_s", "IB tx", "#d29922"], ["ib_rx_bytes_s", "IB rx", "#9e6a03"]];
   const REASON_COLORS = { sw_power_cap: "#d29922", hw_slowdown: "#f85149", sw_thermal: "#db6d28", hw_thermal: "#ff7b72",
@@ -31,7 +35,7 @@
     const { job_id: jobId, cluster } = cfg.args;
     const base = `/api/v1/jobs/${enc(jobId)}`;
     // every request starts at once: the series don't wait for the job's metadata
-    const tsReq = api(`${base}/timeseries?${qs({ cluster, fields: [...GPU_CHARTS.map((g) => g.field), "clock_event_reasons"].join(",") })}`);
+    const tsReq = api(`${base}/timeseries?${qs({ cluster, fields: FIRST.join(",") })}`);
     const linkReq = api(`${base}/timeseries?${qs({ cluster, gpu: "none", fields: LINK_FIELDS.map((l) => l[0]).join(",") })}`);
     const tlReq = api(`${base}/timeline?${qs({ cluster })}`);
     const catReq = api("/api/v1/catalog");
@@ -217,7 +221,11 @@
         : h("span", { class: "muted" }, masks.length ? "No throttle reason reported." : "No clock-event reasons reported."));
       return rows.length ? { rows, t: ts.t, step: ts.step } : null;
     }
+    let laterReq = null;
+    const later = () => (laterReq ||= api(`${base}/timeseries?${qs({ cluster, fields: LATER.join(","), start: ts.start, end: ts.end, step: ts.step })}`)
+      .then((r) => { for (const f of LATER) { ts.series[f] = r.series[f]; ts.aggregate[f] = r.aggregate[f]; } }));
     function build(b) {
+      if (b.spec.later && !ts.aggregate[b.spec.field]) return later().then(() => build(b));
       const spec = b.spec, vals = ts.series[spec.field] || [];
       const fmt = spec.ratio ? pct : spec.bytes ? rate : (v) => num(v, 0);
       const lines = vals.map((v, i) => ({ label: label(ts.gpus[i]), color: stroke(i), values: v }));
@@ -249,12 +257,15 @@
     }
     // above the fold now (what "interactive" waits for), the rest as it scrolls near
     const onScreen = (el) => el.getBoundingClientRect().top < innerHeight;
-    for (const b of boxes) { if (onScreen(b.box)) build(b); else C.lazy(b.box, () => build(b)); }
+    const drawing = [];
+    for (const b of boxes) { if (onScreen(b.box)) drawing.push(build(b)); else C.lazy(b.box, () => build(b)); }
     if (onScreen(linkBox.box)) buildLinks(); else C.lazy(linkBox.box, buildLinks);
+    await Promise.all(drawing);
     relight();
     performance.mark("job:interactive");
     state.interactiveMs = performance.now() - tData;
     state.step = ts.step;
+    later().catch((e) => state.errors.push(String(e)));  // the rest of the series, in the background
 
     C.lazy(nicEl, () => nicCharts().catch((e) => state.errors.push(String(e))));
     C.lazy(cmpEl, () => compare().catch((e) => state.errors.push(String(e))));
