@@ -107,3 +107,35 @@ def test_slack_evidence_line_has_labels_not_keys() -> None:
 
     line = _evidence("comm_bound", {"nvlink_util": 0.899, "link_capacity_bytes_s": {"nvlink": 4.5e11}, "episodes": 2})
     assert line == "NVLink utilisation `89.9%`, link capacity `nvlink 450 GB/s`, episodes `2`"
+
+
+def _nested_keys(v: object) -> set[str]:
+    if isinstance(v, dict):
+        return {str(k) for k in v} | {k for x in v.values() for k in _nested_keys(x)}
+    if isinstance(v, list):
+        return {k for x in v for k in _nested_keys(x)}
+    return set()
+
+
+def test_every_key_inside_evidence_lists_and_maps_has_a_label_and_unit() -> None:
+    """The web shows keys inside lists of objects and maps through [item_evidence]; every one a
+    detector can write is declared (the simulator's profiles, hw_fault's per-GPU keys, every
+    NIC error counter link_errors reports, a stuck rank's detail)."""
+    from gpufleet.agent.simulator import PROFILES
+    from gpufleet.analysis.collectives.detect import ERROR_KEYS
+
+    reg = flag_kinds()
+    size = {"straggler": 8, "hw_fault": 8, "comm_bound": 16, "multinode_dp": 16, "oversized_allocation": 4}
+    written: set[str] = set()
+    for profile in sorted(PROFILES):
+        res = analyze_data(generate(make_job(profile, f"items-{profile}", size.get(profile, 2), T0 + 17.25, 42 * 60)))
+        for f in res.findings:
+            written |= {k for v in f.evidence.values() for k in _nested_keys(v)}
+    written |= {"gpu_uuid", "xid", *hw_fault.CAUSE_KEYS, *ERROR_KEYS, "nic", "errors", "counters"}
+    written |= {"rank", "since_step_s", "last_step", "host", "gpu", "typical_step_s", "limit_s", "open_span",
+                "open_span_s"}  # analysis/progress/detect.py detect_hung's per-rank detail
+    assert {"gpu_uuid", "xid", "nvlink", "ib"} <= written  # the profiles did write nested keys
+    missing = sorted(k for k in written if reg.item_field(k) is None)
+    assert missing == [], f"keys inside evidence lists/maps without an [item_evidence] entry: {missing}"
+    for e in reg.item_evidence:
+        assert e.label and e.unit and e.meaning and "_" not in e.label, e
