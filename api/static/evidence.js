@@ -144,7 +144,8 @@
   }
   function listNode(s, list) {
     if (!list.length) return h("span", { class: "muted" }, "none");
-    const one = (x) => (plain(x) ? scalarNode(s, x) : objectNode(x));
+    // names in a list (signals judged from, NVIDIA's clock reasons) read as words
+    const one = (x) => (typeof x === "string" && !isUuid(x) ? h("span", {}, words(x)) : plain(x) ? scalarNode(s, x) : objectNode(x));
     const n = noun(list, s);
     const objects = list.some((x) => !plain(x));
     if (list.length <= FOLD && !(objects && list.length > 1)) {

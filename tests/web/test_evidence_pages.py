@@ -118,6 +118,9 @@ def test_job_page_evidence_reads_as_labels_and_units(flagged: tuple[Page, Seeded
     cause = findings["throttled"].evidence["cause"]
     assert thr.locator("tr[data-key='cause'] td.ev-value").inner_text() == cause.replace("_", " ")
     assert thr.locator(".s").inner_text() == dict(reg.get("throttled").suggestion_by_cause)[cause]
+    reasons = findings["throttled"].evidence["throttle_reasons"]
+    assert thr.locator("tr[data-key='throttle_reasons'] td.ev-value").inner_text() == ", ".join(
+        r.replace("_", " ") for r in reasons)  # NVIDIA's reason names in words
 
     stall = _card(pg, "input_stall").inner_text()
     assert re.search(r"host->GPU traffic\s+\d+(\.\d+)? GB/s", stall), stall
