@@ -249,3 +249,32 @@ def test_shard_lock_excludes_others_and_is_taken_over_by_its_own_message(broker:
     assert client.get(key) is None
     assert acquire(settings, key, "task-2") is not None
     client.close()
+
+
+def test_one_pass_in_process_covers_every_job_once_on_sqlite(sqlite_url: str, broker: str, tmp_path: Path) -> None:
+    """The fan-out and its shards run inline (Celery's eager mode, locks on real Redis): every
+    due job is analyzed by exactly one shard, and a second pass finds nothing left to do."""
+    from gpufleet.analysis import tasks
+    from gpufleet.analysis.shards import shard_of
+    from gpufleet.celery_app import make_celery
+    from gpufleet.settings import Settings
+
+    fleet = _fleet(sqlite_url)
+    n = 3
+    app = make_celery(Settings.from_env({"GPUFLEET_DATABASE_URL": sqlite_url, "GPUFLEET_REDIS_URL": broker,
+                                         "GPUFLEET_ANALYSIS_SHARDS": str(n)}))
+    app.conf.task_always_eager = True
+    seen: list[int] = []
+    tasks.job_done_hooks.append(seen.append)
+    try:
+        assert tasks.analyze_due_jobs.apply().get() == {"shards": n}
+        first = sorted(seen)
+        seen.clear()
+        tasks.analyze_due_jobs.apply().get()
+    finally:
+        tasks.job_done_hooks.remove(seen.append)
+        app.close()
+    assert first == sorted(fleet)
+    assert seen == []  # nothing is due after a full pass
+    assert {shard_of(pk, n) for pk in fleet} == set(range(n))  # every shard had work
+    _assert_outcome(sqlite_url, fleet)
