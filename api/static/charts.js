@@ -82,7 +82,7 @@
   }
 
   /* spec: { t, lines: [{label, values, color (string or fn), width}], height, fmt (y labels),
-   *   yRange: [lo, hi] | "zero" | "auto", capacities, events, band, timeline, onCursor(i) } */
+   *   yRange: [lo, hi] | "zero" | "auto", capacities, events, band, timeline, onCursor(i), width } */
   function chart(el, spec) {
     const few = spec.t.length < 40;  // a job that just started: draw its points or nothing shows
     const series = [{}, ...spec.lines.map((l) => ({ label: l.label, stroke: l.color, width: l.width || 1, spanGaps: false,
@@ -96,7 +96,9 @@
     let applying = true;  // until built: uPlot sets its own initial scale, which is no user's choice
     const member = { setRange: (a, b) => { applying = true; u.setScale("x", { min: a, max: b }); applying = false; } };
     const opts = {
-      width: Math.max(300, (el.getBoundingClientRect().width || 560) - 12), height: spec.height || 170,
+      // spec.width: the caller measured once for a grid of equal charts (each measurement after
+      // another chart went in forces a layout of the whole page)
+      width: spec.width || Math.max(300, (el.getBoundingClientRect().width || 560) - 12), height: spec.height || 170,
       legend: { show: false },
       cursor: { points: { show: false }, sync: { key: "job" }, drag: { x: true, y: false } },
       scales: { x: { time: true }, y: { range: () => yr } },

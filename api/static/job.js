@@ -221,6 +221,9 @@
         : h("span", { class: "muted" }, masks.length ? "No throttle reason reported." : "No clock-event reasons reported."));
       return rows.length ? { rows, t: ts.t, step: ts.step } : null;
     }
+    // every chart of the page's grids has the same width: measured once, at the first chart built
+    let chartW = 0;
+    const widthOf = (el) => (chartW ||= Math.max(300, (el.getBoundingClientRect().width || 560) - 12));
     let laterReq = null;
     const later = () => (laterReq ||= api(`${base}/timeseries?${qs({ cluster, fields: LATER.join(","), start: ts.start, end: ts.end, step: ts.step })}`)
       .then((r) => { for (const f of LATER) { ts.series[f] = r.series[f]; ts.aggregate[f] = r.aggregate[f]; } }));
@@ -233,7 +236,7 @@
       const caps = [];
       if (spec.cap && limits[spec.cap]) caps.push({ value: limits[spec.cap], label: `capacity ${rate(limits[spec.cap])} per direction (${limits.model || "default model"})` });
       if (spec.clock && limits.max_sm_clock_mhz) caps.push({ value: limits.max_sm_clock_mhz, label: `max ${num(limits.max_sm_clock_mhz, 0)} MHz`, color: "#3fb950" });
-      const u = C.chart(b.plotEl, { t: ts.t, lines, fmt, timeline, events, capacities: caps, band: spec.clock ? clockBand(b) : null,
+      const u = C.chart(b.plotEl, { t: ts.t, lines, fmt, timeline, events, capacities: caps, band: spec.clock ? clockBand(b) : null, width: widthOf(b.plotEl),
         yRange: spec.ratio ? [0, 1] : "zero", axisSize: spec.bytes ? 72 : 60,
         onCursor: (i) => {
           if (i === null || i === undefined) { b.readout.textContent = ""; return; }
@@ -251,7 +254,7 @@
     function buildLinks() {
       const lines = LINK_FIELDS.map(([f, lab, color]) => ({ label: lab, color, width: 1.5, values: links.aggregate[f] }));
       const caps = limits.ib_bytes_s ? [{ value: limits.ib_bytes_s, label: `IB capacity ${rate(limits.ib_bytes_s)} per direction`, color: "#d29922" }] : [];
-      const u = C.chart(linkBox.box.children[1], { t: links.t, lines, fmt: rate, timeline, events, capacities: caps, axisSize: 72 });
+      const u = C.chart(linkBox.box.children[1], { t: links.t, lines, fmt: rate, timeline, events, capacities: caps, axisSize: 72, width: widthOf(linkBox.box.children[1]) });
       built.push({ u, field: "interconnect" });
       state.charts.interconnect = lines.reduce((n, l) => n + l.values.filter((v) => v !== null).length, 0);
     }
@@ -294,7 +297,7 @@
           // a port trained below the fastest one says so: the capacity line is the fastest's
           lastRate(p) !== null && lastRate(p) < top ? h("b", { class: "slow-port" }, ` at ${num(lastRate(p), 0)} Gb/s`) : null)));
         nicEl.append(h("div", { class: "chart", id: `nic-${key}` }, h("div", { class: "ct" }, h("b", {}, title)), el, keys));
-        const u = C.chart(el, { t: tx, fmt: rate, timeline, events, axisSize: 72,
+        const u = C.chart(el, { t: tx, fmt: rate, timeline, events, axisSize: 72, width: widthOf(el),
           lines: ports.map((p, i) => ({ label: `${p.node}:${p.nic}`, color: `hsl(${(i * 360) / ports.length}, 65%, 60%)`, values: place(p, key) })),
           capacities: top ? [{ value: (top * 1e9) / 8, label: `link rate ${num(top, 0)} Gb/s` }] : [] });
         built.push({ u, field: key });
