@@ -109,6 +109,11 @@ def remote_write_bodies(path: Path, nodes: int, windows: int, now: float) -> tup
     return bodies, samples, size // max(bodies, 1)
 
 
+def ratio(a: float, b: float) -> float:
+    """a / b; NaN when b is 0 (no request of the reference completed: a loaded box, not a result)."""
+    return a / b if b else float("nan")
+
+
 def wrk_rw(wrk: str, port: int, bodies: Path, *, conns: int, seconds: float, threads: int) -> dict[str, Any]:
     args = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:.0f}s", "--timeout", "30s", "-s", str(LUA),
             f"http://127.0.0.1:{port}", "--", str(bodies), "/api/v1/write", "application/x-protobuf"]
@@ -236,14 +241,14 @@ def main() -> int:
                         log("WARNING: gpufleet went through every body: later requests were duplicates")
                 with victoria(tools["victoria-metrics"], tmp) as vport:
                     r["vm"] = receive("VictoriaMetrics /api/v1/write", vport, tools, rw, per_body, args)
-                r["receive_ratio"] = r["gpufleet"]["samples_s"] / r["vm"]["samples_s"]
+                r["receive_ratio"] = ratio(r["gpufleet"]["samples_s"], r["vm"]["samples_s"])
             if "export" not in args.skip:
                 with throwaway_db(args.pg_admin, f"off{k}") as url:
                     r["off"] = ingest("ingest, export off", url, tools, proto, tpl, args, tmp, None)
                 with victoria(tools["victoria-metrics"], tmp) as vport, throwaway_db(args.pg_admin, f"on{k}") as url:
                     r["on"] = ingest("ingest, export on (to VictoriaMetrics)", url, tools, proto, tpl, args, tmp,
                                      vport)
-                r["export_ingest_ratio"] = r["on"]["rows_s"] / r["off"]["rows_s"]
+                r["export_ingest_ratio"] = ratio(r["on"]["rows_s"], r["off"]["rows_s"])
             res["rounds"].append(r)
             log(f"round {k + 1}: " + ", ".join(f"{x}={r[x]:.2f}" for x in ("receive_ratio", "export_ingest_ratio")
                                                if x in r))
@@ -276,7 +281,7 @@ def report(res: dict[str, Any]) -> None:
         else:
             print("- | - | - | - |")
     for key in ("receive_ratio", "export_ingest_ratio"):
-        xs = [r[key] for r in rounds if key in r]
+        xs = [r[key] for r in rounds if key in r and r[key] == r[key]]  # NaN rounds left out
         if xs:
             print(f"\nmedian {key}: {statistics.median(xs):.2f}")
     for r in rounds[-1:]:
