@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from cachetools import LRUCache
+from sqlalchemy import Connection
 
+from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.fields import FIELDS, NAMES, NF
 
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
@@ -204,3 +206,23 @@ def _copy_masked(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: n
     keep = np.ones(buf.shape, bool)
     keep[rows[:, None], full.val_at[cols]] = False
     return buf[keep].tobytes()
+
+
+def insert_wide_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray,
+                     vals: np.ndarray) -> None:
+    """Rows into a ``gpu_samples`` table of the wide layout (migration 0012's downgrade, the
+    test that builds a database at the revision before it): binary COPY on PostgreSQL, one
+    executemany of plain tuples on SQLite. ``job_pk`` < 0 is null, NaN is NULL."""
+    cols = ", ".join(SAMPLE_COLUMNS)
+    if is_postgres(conn):
+        raw = conn.connection.driver_connection
+        # the DBAPI connection is Optional in SQLAlchemy's types; set on a checked-out connection
+        with raw.cursor() as cur, cur.copy(  # type: ignore[union-attr]
+                f"COPY gpu_samples ({cols}) FROM STDIN WITH (FORMAT binary)") as cp:
+            cp.write(copy_buffer(ts, gpu_pk, job_pk, vals))
+        return
+    data: list[list[object]] = [ts.tolist(), gpu_pk.tolist(), [None if j < 0 else j for j in job_pk.tolist()]]
+    for j, f in enumerate(FIELDS):
+        data.append([None if x != x else (int(x) if f.dtype == "i8" else x) for x in vals[j].tolist()])
+    conn.exec_driver_sql(f"INSERT INTO gpu_samples ({cols}) VALUES ({', '.join('?' * len(SAMPLE_COLUMNS))})",
+                         list(zip(*data, strict=True)))

@@ -14,7 +14,7 @@ import numpy as np
 from sqlalchemy import Connection
 
 from gpufleet.storage.dialect import is_postgres
-from gpufleet.storage.sample_codec import encode_blocks
+from gpufleet.storage.sample_codec import LZ4, encode_blocks
 
 BLOCK_S = 600.0  # divides a day: blocks stay inside their daily partition
 BLOCK_COLUMNS = ("gpu_pk", "job_pk", "t0", "t1", "n", "data")
@@ -25,9 +25,11 @@ _INSERT_SQL = f"INSERT INTO gpu_sample_blocks ({', '.join(BLOCK_COLUMNS)}) VALUE
 BlockRow = tuple[int, int | None, float, float, int, bytes]
 
 
-def block_rows(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> list[BlockRow]:
+def block_rows(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray, *,
+               codec: int = LZ4) -> list[BlockRow]:
     """(gpu_pk, job_pk or None, t0, t1, n, data) of the blocks holding these samples
-    (``job_pk`` < 0 = no job; (gpu, ts) unique, as the write path guarantees)."""
+    (``job_pk`` < 0 = no job; (gpu, ts) unique, as the write path guarantees). ``codec``:
+    LZ4 on the write path, ZSTD where compaction rewrites a closed window."""
     if not len(ts):
         return []
     win = np.floor(ts / BLOCK_S)
@@ -36,7 +38,7 @@ def block_rows(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.
     cut = (g[1:] != g[:-1]) | (j[1:] != j[:-1]) | (w[1:] != w[:-1])
     starts = np.flatnonzero(np.r_[True, cut])
     ends = np.r_[starts[1:], len(t)] - 1
-    data = encode_blocks(t, vals[:, order], starts)
+    data = encode_blocks(t, vals[:, order], starts, codec=codec)
     jobs = j[starts].tolist()
     return [(gg, None if jj < 0 else jj, t0, t1, int(e - s + 1), d)
             for gg, jj, t0, t1, s, e, d in zip(g[starts].tolist(), jobs, t[starts].tolist(), t[ends].tolist(),

@@ -7,8 +7,8 @@ nullable columns and index entries for every sample (258 B per GPU-sample); a bl
 once per GPU per write, and the values of one field over time compress well together
 (docs/collector.md has the measurements and the layouts compared).
 
-Layout (version 1): one version byte, the number of fields ``nf`` (u8), the number of
-samples ``n`` (u32 little-endian), then a zstd frame holding the ``n`` rows of fixed width:
+Layout: one byte naming the compression (``LZ4`` 2 or ``ZSTD`` 1), the number of fields ``nf`` (u8), the number of
+samples ``n`` (u32 little-endian), then the compressed ``n`` rows of fixed width:
 the timestamp (8 bytes), then each field in catalog order, f4 fields as 4 bytes and the
 others (f8, i8) as 8. Each column holds, instead of the value,
 the zigzagged difference of its IEEE bit pattern from the previous sample's (wrapping integer
@@ -16,7 +16,7 @@ arithmetic, so any bits come back exactly), the timestamp the difference of diff
 absent value (NaN) is the canonical quiet NaN's bit pattern, so absent stays absent and a field
 that is absent or constant throughout is a column of zeros. The rows are stored byte-shuffled
 (every row's first byte, then every row's second byte, ...): the runs of zero high bytes that
-differencing leaves are what zstd compresses.
+differencing leaves are what LZ4/zstd compress.
 
 Why bit patterns and not decimal scaling or per-field modes (tried first): this layout is
 the same arithmetic for every field and every block, so a group commit's blocks are encoded
@@ -29,17 +29,22 @@ a block with more fields than this catalog is refused (``CorruptBlock``)."""
 
 from __future__ import annotations
 
-import itertools
 import struct
 import threading
+from typing import Any
 
+import cramjam
 import numpy as np
 import zstandard
 
 from gpufleet.storage.fields import FIELDS, NF
 
-VERSION = 1
-_ZLEVEL = 1  # level 3 made blocks 2-3% smaller for 2x the CPU (bench/ingest/raw_layouts.py)
+# The first byte says how the rows are compressed: LZ4 where the write path encodes (a group
+# commit's blocks are a few seconds each; LZ4 took a fifth of zstd's CPU on them, for blocks
+# ~8% larger), zstd where compaction merges a closed window (off the hot path, smallest).
+LZ4, ZSTD = 2, 1
+VERSION = ZSTD  # the first layout's id
+_ZLEVEL = 1
 _IS_F4 = np.array([f.dtype == "f4" for f in FIELDS])
 _WIDTHS = np.where(_IS_F4, 4, 8)
 _OFFSETS = 8 + np.concatenate([[0], np.cumsum(_WIDTHS)[:-1]]).astype(int)
@@ -89,10 +94,12 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
     return out
 
 
-def encode_blocks(ts: np.ndarray, vals: np.ndarray, starts: np.ndarray) -> list[bytes]:
+def encode_blocks(ts: np.ndarray, vals: np.ndarray, starts: np.ndarray, *, codec: int = LZ4) -> list[bytes]:
     """Blocks of the rows ``[starts[i], starts[i+1])`` (the last to the end). ``ts`` (n,)
     float64 ascending within each block; ``vals`` (NF, n) float64 in catalog order, NaN =
-    absent. ``starts`` begins with 0."""
+    absent. ``starts`` begins with 0. ``codec``: ``LZ4`` (fast) or ``ZSTD`` (small)."""
+    if codec not in (LZ4, ZSTD):
+        raise ValueError(f"unknown codec {codec}")
     ts = np.ascontiguousarray(ts, np.float64)
     vals = np.asarray(vals, np.float64)
     n = len(ts)
@@ -127,31 +134,57 @@ def encode_blocks(ts: np.ndarray, vals: np.ndarray, starts: np.ndarray) -> list[
             zz = _zigzag(_diff(f8[i8], first))
             i8 += 1
             rows[:, off:off + 8] = zz.view(np.uint8).reshape(n, 8)
-    comp = _codecs()[0]
-    bounds = [*starts.tolist(), n]
-    return [_HEAD.pack(VERSION, NF, hi - lo) + comp.compress(rows[lo:hi].T.tobytes())
-            for lo, hi in itertools.pairwise(bounds)]
+    zstd = _codecs()[0]
+
+    def compress(raw: bytes) -> Any:  # LZ4 without its size prefix: the header has n
+        return zstd.compress(raw) if codec == ZSTD else cramjam.lz4.compress_block(raw, store_size=False)
+    out: list[bytes] = []
+    for m, shuffled in _shuffled(rows, starts):
+        out.append(_HEAD.pack(codec, NF, m) + bytes(compress(shuffled)))
+    return out
 
 
-def encode_block(ts: np.ndarray, vals: np.ndarray) -> bytes:
+def _shuffled(rows: np.ndarray, starts: np.ndarray) -> list[tuple[int, bytes]]:
+    """(rows, the block's bytes column by column) per block, in block order. Blocks
+    of equal length (the usual group commit: every GPU the same seconds) are transposed in one
+    numpy operation, not one per block."""
+    n, width = rows.shape
+    sizes = np.diff(np.r_[starts, n])
+    res: list[tuple[int, bytes] | None] = [None] * len(starts)
+    for m in np.unique(sizes).tolist():
+        which = np.flatnonzero(sizes == m)
+        at = starts[which]
+        cube = rows[at[:, None] + np.arange(m)]  # (blocks, m, width)
+        flat = np.ascontiguousarray(cube.transpose(0, 2, 1)).tobytes()
+        step = m * width
+        for k, i in enumerate(which.tolist()):
+            res[i] = (m, flat[k * step:(k + 1) * step])
+    return [r for r in res if r is not None]
+
+
+def encode_block(ts: np.ndarray, vals: np.ndarray, *, codec: int = LZ4) -> bytes:
     """One block of ``ts`` (n,) ascending and ``vals`` (NF, n), NaN = absent."""
     if not len(ts):
         raise ValueError("a block holds at least one sample")
-    return encode_blocks(ts, vals, np.zeros(1, np.int64))[0]
+    return encode_blocks(ts, vals, np.zeros(1, np.int64), codec=codec)[0]
 
 
 def _open(data: bytes | memoryview) -> tuple[np.ndarray, int, int]:
     """The block's rows as a (width, n) byte matrix, n, nf."""
-    if len(data) < _HEAD.size or data[0] != VERSION:
+    if len(data) < _HEAD.size or data[0] not in (LZ4, ZSTD):
         raise CorruptBlock(f"unknown block version {data[0] if len(data) else None}")
-    _, nf, n = _HEAD.unpack_from(data, 0)
+    codec, nf, n = _HEAD.unpack_from(data, 0)
     if nf > NF:
         raise CorruptBlock(f"block has {nf} fields, this catalog {NF}: written by a newer gpufleet")
-    try:
-        payload = _codecs()[1].decompress(bytes(data[_HEAD.size:]))
-    except zstandard.ZstdError as e:
-        raise CorruptBlock(f"block does not decompress: {e}") from e
     width = row_width(nf)
+    body = bytes(data[_HEAD.size:])
+    try:
+        if codec == ZSTD:
+            payload = _codecs()[1].decompress(body)
+        else:
+            payload = bytes(cramjam.lz4.decompress_block(body, output_len=n * width))
+    except (zstandard.ZstdError, cramjam.DecompressionError) as e:
+        raise CorruptBlock(f"block does not decompress: {e}") from e
     if not n or len(payload) != n * width:
         raise CorruptBlock(f"block payload of {len(payload)} bytes is not {n} rows of {width}")
     return np.frombuffer(payload, np.uint8).reshape(width, n), n, nf

@@ -4,9 +4,10 @@
 Layouts (each a plain table shaped like one daily partition, with its indexes):
 - ``wide``: the old ``gpu_samples`` (a row per GPU-second, 30 columns; (job_pk, ts) b-tree
   and BRIN on ts), written with the binary COPY encoder it had;
-- ``blocks-W``: ``gpu_sample_blocks`` as the product writes it (storage/raw_samples.py +
-  storage/sample_codec.py), one row per GPU per write of W seconds ((gpu_pk, t0) and
+- ``blocks-W-lz4``: ``gpu_sample_blocks`` as the write path stores it (storage/raw_samples.py +
+  storage/sample_codec.py, LZ4), one row per GPU per write of W seconds ((gpu_pk, t0) and
   (job_pk, t0) b-trees); W = 10 is what a group commit writes at today's 10-s agent batches;
+  ``blocks-600-zstd`` is what compaction leaves once a window closed (storage/raw_compact.py);
 - ``arrays-W``: one row per GPU per W seconds with a float8[] of timestamps and one
   real[]/float8[]/int8[] per field (NULL elements = absent), ``COMPRESSION lz4`` on every
   array column (PostgreSQL's TOAST compression; it applies once a row passes ~2 kB).
@@ -21,6 +22,7 @@ Timings interleave the layouts chunk by chunk (the machine is shared: compare ra
 
     .venv/bin/python bench/ingest/raw_layouts.py --gpus 8 --hours 2
     .venv/bin/python bench/ingest/raw_layouts.py --quick     # 4 GPUs x 30 min
+    .venv/bin/python bench/ingest/raw_layouts.py --encode-only  # encoder CPU per group commit
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import psycopg
 from gpufleet.storage.copy_encoding import SAMPLE_COLUMNS, copy_buffer
 from gpufleet.storage.fields import FIELD_INDEX, FIELDS, NAMES, NF
 from gpufleet.storage.raw_samples import block_rows
-from gpufleet.storage.sample_codec import decode_blocks
+from gpufleet.storage.sample_codec import LZ4, ZSTD, decode_blocks
 
 T0 = 1_764_547_200.0  # a UTC midnight
 _PG_TYPE = {"f4": "real", "f8": "double precision", "i8": "bigint"}
@@ -122,10 +124,11 @@ class Wide(Layout):
 
 
 class Blocks(Layout):
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, codec: int = LZ4) -> None:
         self.window = window
-        self.name = f"blocks-{window}"
-        self.table = f"l_blocks_{window}"
+        self.codec = codec
+        self.name = f"blocks-{window}-{'zstd' if codec == ZSTD else 'lz4'}"
+        self.table = f"l_blocks_{window}_{codec}"
 
     def create(self, c: psycopg.Connection[Any]) -> None:
         c.execute(f"CREATE TABLE {self.table} (gpu_pk int NOT NULL, job_pk int, t0 double precision NOT NULL, "
@@ -141,7 +144,7 @@ class Blocks(Layout):
         with c.cursor() as cur, cur.copy(f"COPY {self.table} FROM STDIN (FORMAT binary)") as cp:
             cp.set_types(["int4", "int4", "float8", "float8", "int4", "bytea"])
             for lo, hi in itertools.pairwise(bounds):
-                for r in block_rows(ts[lo:hi], gpu[lo:hi], job[lo:hi], vals[:, lo:hi]):
+                for r in block_rows(ts[lo:hi], gpu[lo:hi], job[lo:hi], vals[:, lo:hi], codec=self.codec):
                     cp.write_row(r)
 
     def read(self, c: psycopg.Connection[Any]) -> int:
@@ -191,6 +194,31 @@ class Arrays(Layout):
         return n
 
 
+def encode_cost(gpus: int, reps: int) -> dict[str, float]:
+    """Encoder CPU of one group commit (``gpus`` GPUs x 10 s, rows in arrival order): the wide
+    layout's COPY buffer against the blocks (``block_rows``: grouping, encoding, zstd),
+    interleaved rep by rep; per GPU-sample, medians."""
+    rng = np.random.default_rng(5)
+    per = [realistic(rng, 10, g) for g in range(gpus)]
+    ts = np.tile(T0 + np.arange(10, dtype=np.float64), gpus)
+    gpu = np.repeat(np.arange(1, gpus + 1), 10)
+    job = np.where(gpu % 3 == 0, -1, 1 + gpu // 64)
+    vals = np.concatenate(per, axis=1)
+    order = np.lexsort((gpu, ts))
+    ts, gpu, job, vals = ts[order], gpu[order], job[order], vals[:, order]
+    wide, blocks = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        copy_buffer(ts, gpu, job, vals)
+        wide.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        block_rows(ts, gpu, job, vals)
+        blocks.append(time.perf_counter() - t)
+    n = len(ts)
+    w, b = float(np.median(wide)) / n * 1e6, float(np.median(blocks)) / n * 1e6
+    return {"gpus": gpus, "rows": n, "wide_copy_us_per_gpu_sample": w, "blocks_us_per_gpu_sample": b, "ratio": b / w}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--admin", default=os.environ.get("GPUFLEET_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
@@ -198,14 +226,24 @@ def main() -> int:
     ap.add_argument("--hours", type=float, default=2.0)
     ap.add_argument("--quick", action="store_true", help="4 GPUs x 30 min")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--encode-only", action="store_true", help="only the encoder cost of a group commit")
     args = ap.parse_args()
     if args.quick:
         args.gpus, args.hours = 4, 0.5
+    enc = [encode_cost(g, 15 if args.quick else 40) for g in (64, 1000)]
+    print("| group commit | rows | wide COPY buffer us/GPU-sample | blocks us/GPU-sample | ratio |")
+    print("|---|---|---|---|---|")
+    for r in enc:
+        print(f"| {r['gpus']} GPUs x 10 s | {r['rows']} | {r['wide_copy_us_per_gpu_sample']:.2f} "
+              f"| {r['blocks_us_per_gpu_sample']:.2f} | {r['ratio']:.2f}x |")
+    if args.encode_only:
+        return 0
     db = f"bench_raw_layouts_{os.getpid()}"
     with psycopg.connect(args.admin, autocommit=True) as a:
         a.execute(f'CREATE DATABASE "{db}"')
     url = args.admin.rsplit("/", 1)[0] + "/" + db
-    layouts: list[Layout] = [Wide(), Blocks(10), Blocks(60), Blocks(600), Arrays(10), Arrays(600)]
+    # blocks-600-zstd is what compaction (storage/raw_compact.py) leaves: the same rows encoded alike
+    layouts: list[Layout] = [Wide(), Blocks(10), Blocks(60), Blocks(600), Blocks(600, ZSTD), Arrays(10), Arrays(600)]
     write_s = dict.fromkeys((lay.name for lay in layouts), 0.0)
     try:
         with psycopg.connect(url, autocommit=True) as c:
@@ -230,7 +268,8 @@ def main() -> int:
                     write_s[lay.name] += time.perf_counter() - t
             c.execute("VACUUM ANALYZE")
             n = secs * args.gpus
-            out: dict[str, Any] = {"gpus": args.gpus, "hours": args.hours, "gpu_samples": n, "layouts": {}}
+            out: dict[str, Any] = {"gpus": args.gpus, "hours": args.hours, "gpu_samples": n, "layouts": {},
+                                   "encode": enc}
             for lay in layouts:
                 table = {"wide": "l_wide"}.get(lay.name, getattr(lay, "table", ""))
                 size = int(c.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0])  # type: ignore[index]

@@ -91,10 +91,11 @@ def _wide_type(dtype: str) -> Any:
 
 
 def downgrade() -> None:
+    from gpufleet.storage.copy_encoding import insert_wide_rows
     from gpufleet.storage.sample_codec import decode_blocks
 
     bind = op.get_bind()
-    wide = op.create_table(
+    op.create_table(
         "gpu_samples",
         sa.Column("ts", sa.Double, nullable=False),
         sa.Column("gpu_pk", sa.Integer, nullable=False),
@@ -114,14 +115,7 @@ def downgrade() -> None:
         if not blocks:
             continue
         ts, vals, counts = decode_blocks([bytes(b[2]) for b in blocks])
-        gpu = np.repeat([b[0] for b in blocks], counts).tolist()
-        job = np.repeat([-1 if b[1] is None else b[1] for b in blocks], counts).tolist()
-        cols: list[list[Any]] = [ts.tolist(), gpu, [None if j < 0 else j for j in job]]
-        for j, f in enumerate(FIELDS):
-            v = vals[j]
-            cols.append([None if np.isnan(x) else (int(x) if f.dtype == "i8" else float(x)) for x in v.tolist()])
-        names = ["ts", "gpu_pk", "job_pk", *NAMES]
-        recs = [dict(zip(names, r, strict=True)) for r in zip(*cols, strict=True)]
-        for i in range(0, len(recs), _CHUNK):
-            bind.execute(wide.insert(), recs[i:i + _CHUNK])
+        gpu = np.repeat([b[0] for b in blocks], counts).astype(np.int64)
+        job = np.repeat([-1 if b[1] is None else b[1] for b in blocks], counts).astype(np.int64)
+        insert_wide_rows(bind, ts, gpu, job, vals)
     op.drop_table("gpu_sample_blocks")

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from gpufleet.storage import retention
-from gpufleet.storage.copy_encoding import SAMPLE_COLUMNS, copy_buffer
+from gpufleet.storage.copy_encoding import insert_wide_rows
 from gpufleet.storage.db import make_engine
 from gpufleet.storage.fields import FIELD_INDEX, FIELDS, NF
 from gpufleet.storage.migrate import downgrade, upgrade
@@ -56,19 +56,8 @@ def _fill_wide(url: str, ts: np.ndarray, gpu: np.ndarray, job: np.ndarray, vals:
         if e.dialect.name == "postgresql":
             with e.begin() as c:
                 c.execute(text(retention.create_partition_sql("gpu_samples", int(DAY0))))
-            with e.begin() as c:
-                raw = c.connection.driver_connection
-                with raw.cursor() as cur, cur.copy(  # type: ignore[union-attr]
-                        f"COPY gpu_samples ({', '.join(SAMPLE_COLUMNS)}) FROM STDIN WITH (FORMAT binary)") as cp:
-                    cp.write(copy_buffer(ts, gpu, job, vals))
-        else:
-            cols = [ts.tolist(), gpu.tolist(), [None if j < 0 else j for j in job.tolist()]]
-            for j, f in enumerate(FIELDS):
-                cols.append([None if x != x else (int(x) if f.dtype == "i8" else x) for x in vals[j].tolist()])
-            sql = (f"INSERT INTO gpu_samples ({', '.join(SAMPLE_COLUMNS)}) "
-                   f"VALUES ({', '.join('?' * len(SAMPLE_COLUMNS))})")
-            with e.begin() as c:
-                c.exec_driver_sql(sql, list(zip(*cols, strict=True)))
+        with e.begin() as c:
+            insert_wide_rows(c, ts, gpu, job, vals)
     finally:
         e.dispose()
 
