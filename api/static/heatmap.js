@@ -34,7 +34,8 @@
       const first = i === 0 || o.gpus[i - 1].node !== g.node;
       const text = rh >= 10 ? g.label : first ? g.node : "";
       return h("div", { class: `${g.flagged ? "flagged" : ""}${first && i ? " first" : ""}`, title: g.label,
-        style: { height: `${rh}px`, lineHeight: `${rh}px`, fontSize: `${Math.min(11, Math.max(9, rh))}px` } },
+        // a node's name on rows too short for it runs down over its node's next (empty) rows
+        style: { height: `${rh}px`, lineHeight: `${Math.max(rh, 12)}px`, fontSize: `${Math.min(11, Math.max(9, rh))}px`, overflow: "visible" } },
         g.flagged ? `${text} ◀` : text);
     }));
     el.append(h("div", { class: "heat-wrap" }, names, canvas),
