@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,7 +192,11 @@ class NodeFabric:
 
     def _put(self, port: _Port, path: Path, text: str) -> None:
         if port.written.get(path.name) != text:  # an unchanged file is not rewritten (cheap on 2 cores)
-            path.write_text(text)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # half pathlib's cost
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
             port.written[path.name] = text
 
     def _write_nics(self, now: float, readings: list[GpuReading]) -> None:
@@ -200,10 +206,13 @@ class NodeFabric:
         self._nic_t = now
         running = [j for j in self.all_jobs if j.start_ts <= now and (j.end_ts is None or now < j.end_ts)]
         for g, port in enumerate(self._ports):
-            rate, wait = RAIL_GBPS, self._wait_base[g]
+            # xmit_wait ticks while a port has data to send and the peer gives no credit: only
+            # a multi-node NCCL job's rails see it; an idle port's counters stand still.
+            rate, wait = RAIL_GBPS, 0.0
             for j in running:
-                if not j.profile.nccl:
+                if not j.profile.nccl or len(j.nodes) < 2:
                     continue
+                wait = self._wait_base[g]
                 f = self._net[j.job_id].fault
                 me = j.nodes.index(self.node)
                 t = now - j.start_ts
@@ -246,10 +255,12 @@ class NodeFabric:
 class FabricSimSource:
     """A SimulatedSource that also writes its node's fabric files before handing out readings."""
 
-    def __init__(self, inner: object, fabric: NodeFabric) -> None:
+    def __init__(self, inner: object, fabric: NodeFabric, fleet_jobs: list[SimJob] | None = None) -> None:
         self.inner = inner
         self.fabric = fabric
         self.name = "simulator"
+        self.fleet_jobs = fleet_jobs or []  # every job of the fleet (the progress driver's)
+        self.hooks: list[Callable[[float], None]] = []  # run after each read (agent/sim_progress.py)
 
     def __getattr__(self, attr: str) -> object:
         return getattr(self.inner, attr)
@@ -257,6 +268,8 @@ class FabricSimSource:
     def read(self, now: float) -> list[GpuReading]:
         readings: list[GpuReading] = self.inner.read(now)  # type: ignore[attr-defined]
         self.fabric.advance(now, readings)
+        for hook in self.hooks:
+            hook(now)
         return readings
 
 
@@ -268,5 +281,5 @@ def fabric_sources(fleet: SimulatedFleet, root: Path) -> list[tuple[str, FabricS
     out = []
     for node in fleet.node_names():
         nf = NodeFabric(node, fleet.jobs, fleet.gpus_per_node, root / "nccl", root / "sys" / node)
-        out.append((node, FabricSimSource(fleet.source(node), nf)))
+        out.append((node, FabricSimSource(fleet.source(node), nf, fleet.jobs)))
     return out

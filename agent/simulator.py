@@ -25,6 +25,7 @@ from typing import IO, Any
 from gpufleet.protocol import Event, GpuInfo, JobInfo
 
 from .sim_faults import fabric_fault
+from .sim_stories import STORIES, story
 from .sources.base import GpuReading, SourceAttribution
 
 GIB = 1024**3
@@ -68,6 +69,9 @@ class Profile:
     # flags only the fabric data shows (GPU samples alone must raise ``flags``, no more).
     nccl: bool = False
     fabric_flags: frozenset[str] = frozenset()
+    # Its processes report progress (agent/sim_stories.py) and the flags only that shows; such a
+    # job starts inside the replayed history, so its whole story (startup included) is seen.
+    progress_flags: frozenset[str] = frozenset()
 
 
 # --- per-job parameters -----------------------------------------------------------------
@@ -513,6 +517,36 @@ def _fabric_job(name: str) -> ProfileFn:
     return fn
 
 
+def _progress_job(name: str) -> ProfileFn:
+    """A training job whose GPUs follow its progress story: idle while its process starts, loads
+    or saves a checkpoint or is down, training otherwise at the pace of its step time."""
+
+    def fn(ctx: GpuContext) -> dict[str, float]:
+        p = _params(name, ctx, _draw_llm)
+        st = story(name, ctx.job_seed)
+        phase = st.phase(ctx.t)
+        if phase == "down":
+            d = _idle_values(ctx, 0.0, 68.0)
+            d["fb_used_bytes"] = 0.0
+            return d
+        if phase in ("init", "compile", "checkpoint_load"):
+            d = _idle_values(ctx, 2.0 if phase == "init" else p["fb"] * 0.6, 75.0)
+            if phase == "checkpoint_load":
+                d["pcie_rx_bytes_s"] = ctx.rng.uniform(2e9, 6e9)
+            return d
+        if phase == "checkpoint_save":
+            d = _base(ctx, sm=0.03, occ=0.02, tensor=0.0, dram=0.05, fb_gib=p["fb"], power=150, pcie_tx=4e9)
+            return _background(ctx, d, p)
+        k = st.step_s / st.step_time(ctx.t, ctx.rank)  # a slower step: the GPU waits longer for its input
+        d = _base(ctx, sm=p["sm"] * k * (1.0 - p["dip"] * ctx.rng.random()), occ=p["occ"] * k, tensor=p["tensor"] * k,
+                  dram=p["dram"] * k, fb_gib=p["fb"], power=p["power"], nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0,
+                  fp16=0.05)
+        return _background(ctx, d, p)
+
+    fn.__name__ = name
+    return fn
+
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in [
@@ -538,6 +572,8 @@ PROFILES: dict[str, Profile] = {
         *(Profile(k, frozenset(), _fabric_job(k), min_gpus=16, multi_node=True, max_gpus=16, nccl=True,
                   fabric_flags=frozenset({k, "collective_slow"} if k == "network_degraded" else {k}))
           for k in ("collective_slow", "network_degraded", "link_errors")),
+        *(Profile(k, frozenset(), _progress_job(k), min_gpus=4, max_gpus=4, progress_flags=frozenset({k}))
+          for k in STORIES),
     ]
 }
 
@@ -566,6 +602,11 @@ JOB_NAMES: dict[str, tuple[str, ...]] = {
     "collective_slow": ("llama3-8b-pretrain", "olmo-7b-pt", "pythia-12b-pt"),
     "network_degraded": ("mistral-7b-pt", "llama3-70b-cpt", "starcoder2-15b-pt"),
     "link_errors": ("t5-xl-pretrain", "bert-large-mlm-dp", "deberta-v3-pt"),
+    "step_time_regression": ("llama3-8b-sft", "qwen2-7b-dpo", "mistral-7b-sft"),
+    "slow_rank": ("whisper-large-batch", "clip-embed-laion", "llama3-8b-eval"),
+    "restart_lost_progress": ("mixtral-8x7b-ft", "gemma2-9b-sft", "phi3-mini-pt"),
+    "checkpoint_overhead": ("llama2-13b-lora", "codegen-6b-ft", "opt-1.3b-ft"),
+    "startup_overhead": ("sdxl-finetune", "vit-l16-imagenet", "dit-xl-train"),
 }
 TEAMS = ("llm-core", "vision", "inference", "science", "recsys", "speech")
 FRAMEWORKS = ("pytorch", "jax", "deepspeed", "megatron")
@@ -681,22 +722,49 @@ def place_jobs(nodes: list[str], gpus_per_node: int, seed: int, start_ts: float)
         else:
             i += 1
             node = nodes[i - 1]
-            if p.min_gpus >= gpus_per_node or (p.max_gpus >= gpus_per_node and p.min_gpus > 4):
+            if _whole_node(p, gpus_per_node):
                 gpus = [(node, g) for g in range(gpus_per_node)]
             else:
                 # Split the node between a job of this profile, a healthy 2-GPU job,
                 # and leave the rest unallocated.
-                n = max(p.min_gpus, min(4, gpus_per_node, p.max_gpus))
+                n = _share_of_node(p, gpus_per_node)
                 gpus = [(node, g) for g in range(n)]
-                if gpus_per_node >= n + 2:
+                # The rest of the node: another profile still to cover when one fits (the demo
+                # fleet stays small), else a healthy 2-GPU job; what remains is unallocated.
+                fits = [k for k, q in enumerate(must)
+                        if covering and _share_of_node(q, gpus_per_node) + n <= gpus_per_node
+                        and nodes_for(q) == 1 and not _whole_node(q, gpus_per_node)]
+                if fits:
+                    q = must.pop(fits[-1])
+                    m = _share_of_node(q, gpus_per_node)
+                    jid += 1
+                    jobs.append(SimJob(f"{jid}", q, rng.choice(users), start_ts - _age(q, rng, True),
+                                       [(node, n + g) for g in range(m)]))
+                elif gpus_per_node >= n + 2:
                     jid += 1
                     jobs.append(SimJob(f"{jid}", rng.choice(small_healthy), rng.choice(users),
                                        start_ts - rng.uniform(60, 7200), [(node, n), (node, n + 1)]))
         jid += 1
-        age = rng.uniform(60, 7200)
-        age = 2700.0 + age % 3600.0 if covering else age
-        jobs.append(SimJob(f"{jid}", p, rng.choice(users), start_ts - age, gpus))
+        jobs.append(SimJob(f"{jid}", p, rng.choice(users), start_ts - _age(p, rng, covering), gpus))
     return jobs
+
+
+def _whole_node(p: Profile, gpus_per_node: int) -> bool:
+    return p.min_gpus >= gpus_per_node or (p.max_gpus >= gpus_per_node and p.min_gpus > 4)
+
+
+def _share_of_node(p: Profile, gpus_per_node: int) -> int:
+    return max(p.min_gpus, min(4, gpus_per_node, p.max_gpus))
+
+
+def _age(p: Profile, rng: random.Random, covering: bool) -> float:
+    """Seconds the job has run at the fleet's start. A job covering a profile started before
+    the replayed history (>= 45 min), so its flag has the evidence it needs at start; one with a
+    progress story started inside it (20-35 min), so its whole story, startup included, is seen."""
+    age = rng.uniform(60, 7200)
+    if not covering:
+        return age
+    return 1200.0 + age % 900.0 if p.progress_flags else 2700.0 + age % 3600.0
 
 
 def sample_job(job: SimJob, now: float, rng: random.Random, *, interval_s: float = 1.0,

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
@@ -99,7 +99,12 @@ class Reporter:
     tests and libraries can hold their own (``destination``, ``clock`` injectable)."""
 
     def __init__(self, destination: str | None = None, *, token: str | None = None, start_thread: bool = True,
-                 max_buffer: int = MAX_BUFFER) -> None:
+                 max_buffer: int = MAX_BUFFER, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, pid: int | None = None) -> None:
+        # clock/wall/pid: a simulated process (the demo's, agent/sim_progress.py) reports in its
+        # own time and as its own pid; a real one leaves them alone.
+        self._clock = clock
+        self._shown_pid = pid
         self._dest = destination if destination is not None else os.environ.get("GPUFLEET_PROGRESS", "")
         self._token = token if token is not None else os.environ.get("GPUFLEET_TOKEN")
         self._buf: deque[tuple[Any, ...]] = deque()
@@ -109,8 +114,8 @@ class Reporter:
         self.ident = identity_from_env()
         self.meta: dict[str, Any] = {}
         self._explicit: dict[str, Any] = {}
-        self._wall0 = time.time()
-        self._mono0 = time.monotonic()
+        self._wall0 = wall()
+        self._mono0 = clock()
         self._pid = os.getpid()
         self._depth: list[tuple[str, float]] = []
         self._lock = threading.Lock()  # the flusher's: callers never take it
@@ -131,16 +136,16 @@ class Reporter:
         if len(self._buf) >= self._max:
             self.dropped += 1
             return
-        self._buf.append(("s", time.monotonic(), step, tokens, samples))
+        self._buf.append(("s", self._clock(), step, tokens, samples))
 
     @contextlib.contextmanager
     def span(self, kind: str) -> Iterator[None]:
-        t0 = time.monotonic()
+        t0 = self._clock()
         self._emit(("b", t0, str(kind)[:MAX_NAME]))
         try:
             yield
         finally:
-            t1 = time.monotonic()
+            t1 = self._clock()
             self._emit(("e", t1, str(kind)[:MAX_NAME], t1 - t0))
 
     def event(self, name: str, **fields: Any) -> None:
@@ -149,7 +154,7 @@ class Reporter:
             fields = {"truncated": len(body)} if len(body) > MAX_FIELDS_BYTES else json.loads(body)
         except Exception:  # a field that cannot be shown must not break the caller
             fields = {"unserialisable": True}
-        self._emit(("v", time.monotonic(), str(name)[:MAX_NAME], fields))
+        self._emit(("v", self._clock(), str(name)[:MAX_NAME], fields))
 
     def init(self, job_id: str | None = None, rank: int | None = None, world_size: int | None = None,
              flops_per_step: float | None = None, params: int | None = None) -> None:
@@ -206,8 +211,8 @@ class Reporter:
                 last_beat = now
 
     def _header(self) -> dict[str, Any]:
-        return {"v": 1, "pid": self._pid, "wall0": self._wall0, "mono0": self._mono0, "id": self.ident,
-                "meta": self.meta, "dropped": self.dropped, "now": time.monotonic()}
+        return {"v": 1, "pid": self._shown_pid or self._pid, "wall0": self._wall0, "mono0": self._mono0,
+                "id": self.ident, "meta": self.meta, "dropped": self.dropped, "now": self._clock()}
 
     def flush(self) -> None:
         """Ship what is buffered (the flusher thread calls this; so may a caller at exit)."""
@@ -236,7 +241,7 @@ class Reporter:
         """Flush and stop; tells the relay the process ends cleanly (what follows its last step
         is teardown, not lost work)."""
         if not self.disabled and self._pid == os.getpid():
-            self._emit(("x", time.monotonic()))
+            self._emit(("x", self._clock()))
         self.flush()
         self._stop = True
         self._wake.set()

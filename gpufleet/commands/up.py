@@ -125,6 +125,11 @@ class _Background:
                 relay = attach(agent)
                 print(f"training progress: GPUFLEET_PROGRESS={relay.path}" if relay else
                       "training progress: off (GPUFLEET_PROGRESS=off, or no folder for its socket)", flush=True)
+                if relay is not None and hasattr(source, "hooks"):
+                    # The simulated training processes report to this host's relay, as real ones do.
+                    from gpufleet.agent.sim_progress import ProgressDriver
+
+                    source.hooks.append(ProgressDriver(source.fleet_jobs, relay.path).advance)
             history = self.args.history_minutes if getattr(source, "name", "") == "simulator" else 0.0
             self.replay.plan(int(history * 60 / cfg.interval_s))
             t = threading.Thread(target=self._run_agent, args=(agent, history), name=f"agent-{node}", daemon=True)
