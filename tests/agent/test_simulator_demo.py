@@ -22,7 +22,11 @@ def test_default_fleet_runs_every_inefficient_profile() -> None:
     # multi-node ones on two nodes at least (a straggler node needs peer nodes)
     for name in sick:
         best = max((j for j in fleet.jobs if j.profile.name == name), key=lambda j: -j.start_ts)
-        assert fleet.start_ts - best.start_ts >= 2700, name
+        age = fleet.start_ts - best.start_ts
+        if best.profile.progress_flags:  # its whole progress story (startup too) inside the 40 min replayed
+            assert 1200 <= age <= 2100, name
+        else:
+            assert age >= 2700, name
         if best.profile.multi_node:
             assert len(best.nodes) >= 2, name
     used = [g for j in fleet.jobs for g in j.gpus]
