@@ -31,6 +31,7 @@ from gpufleet.protocol import ProtocolError
 from gpufleet.storage import tokens
 
 from . import wire
+from .columnar import Slots, convert_columnar
 from .mapping import Conversion, RateState, SeriesMap, SnapshotState, convert
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Receiver:
     def __init__(self, coll: Any) -> None:
         self.coll = coll
         self.series = SeriesMap()
+        self.slots = Slots()  # the series map's known series as array rows (columnar.py)
         self.rates = RateState()
         self.snapshots = SnapshotState()
         self.stats = Stats()
@@ -128,7 +130,6 @@ class Receiver:
         coll = self.coll
         try:
             raw = wire.unsnappy(body, max_size=limit)
-            req = wire.decode(raw, self.series.known)
         except ProtocolError as e:
             return answer(413 if "exceeds" in str(e) else 400, str(e))
         cfg = coll.config
@@ -136,13 +137,28 @@ class Receiver:
         max_rows = int(coll.settings.http.max_rows_per_batch)
         # Same request bytes -> same keys: a retry after a lost answer is a duplicate.
         digest = hashlib.blake2b(raw, digest_size=12, person=b"gpufleet-rw", key=cluster.encode()[:64]).hexdigest()
-        with self._lock:  # the series map and the rate state are shared by concurrent requests
-            conv = convert(req, self.series, self.rates, cluster=cluster, digest=digest, now=now,
-                           max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, max_rows=max_rows,
-                           snapshots=self.snapshots)
-        for b in conv.batches:
+        conv: Conversion | None = None
+        # A steady-state body (known series, one sample each) is converted over whole arrays;
+        # anything else, or what the columnar path declines, the general way.
+        cols = wire.scan_single_samples(raw, None)  # convert_columnar checks the keys are known
+        if cols is not None:
+            with self._lock:
+                conv = convert_columnar(cols, self.series, self.slots, self.rates, cluster=cluster, digest=digest,
+                                        now=now, max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s,
+                                        max_rows=max_rows)
+        if conv is None:
             try:
-                prep = prepare(b)
+                req = wire.decode(raw, self.series.known)
+            except ProtocolError as e:
+                return answer(400, str(e))
+            with self._lock:  # the series map and the rate state are shared by concurrent requests
+                conv = convert(req, self.series, self.rates, cluster=cluster, digest=digest, now=now,
+                               max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, max_rows=max_rows,
+                               snapshots=self.snapshots)
+        built, conv.prepared = conv.prepared, []
+        for i, b in enumerate(conv.batches):
+            try:
+                prep = built[i] if built else prepare(b)
                 check_batch(b, prep, now, max_rows=max_rows, max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s)
                 conv.prepared.append(prep)
             except BatchRejected as e:

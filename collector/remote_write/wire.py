@@ -21,6 +21,7 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import cramjam
+import numpy as np
 
 from gpufleet.protocol import ProtocolError
 
@@ -320,3 +321,64 @@ def encode(series: Sequence[tuple[bytes, Sequence[tuple[int, float]]]],
         _put_bytes(m, 0x12, name.encode())
         _put_bytes(out, 0x1A, bytes(m))
     return bytes(out)
+
+
+# --- the columnar fast path (mapping_columnar) -----------------------------------------------
+
+@dataclass(slots=True)
+class SingleSamples:
+    """A body whose every series is labels seen before plus one sample (a Prometheus shard's
+    steady state), as columns: ``keys[i]`` the label bytes, ``ts_ms[i]`` / ``values[i]`` its
+    sample."""
+
+    keys: list[bytes]
+    ts_ms: np.ndarray  # int64
+    values: np.ndarray  # float64
+
+
+def scan_single_samples(raw: bytes, known: Container[bytes] | None) -> SingleSamples | None:
+    """``raw`` as columns when every top-level field is a series of known labels and one sample
+    in the canonical layout (``_decode``'s fast path), else None: the caller then decodes it
+    the general way, which also names what is malformed. ``known`` None: the caller checks
+    that every key is a known label encoding (``columnar.Slots.ids``). Only the series boundaries are found
+    in Python; the layout checks, timestamps and values are read for all series at once."""
+    starts: list[int] = []
+    stops: list[int] = []
+    pos = 0
+    end = len(raw)
+    try:
+        while pos < end:
+            if raw[pos] != 0x0A:
+                return None  # metadata or an unknown field: the general decoder
+            b = raw[pos + 1]
+            if b < 0x80:
+                n, pos = b, pos + 2
+            elif raw[pos + 2] < 0x80:
+                n, pos = (b & 0x7F) | raw[pos + 2] << 7, pos + 3
+            else:
+                return None
+            if n <= 18:
+                return None
+            starts.append(pos)
+            pos += n
+            stops.append(pos)
+    except IndexError:
+        return None
+    if pos != end or not starts:
+        return None
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    t = np.array(stops, dtype=np.int64) - 18
+    cont = buf[t + 12] & buf[t + 13] & buf[t + 14] & buf[t + 15] & buf[t + 16]
+    if not ((buf[t] == 0x12) & (buf[t + 1] == 0x10) & (buf[t + 2] == 0x09) & (buf[t + 11] == 0x10)
+            & (buf[t + 17] < 0x80) & (cont >= 0x80)).all():
+        return None
+    ts = np.zeros(len(t), dtype=np.int64)
+    for k in range(5):
+        ts |= (buf[t + 12 + k].astype(np.int64) & 0x7F) << (7 * k)
+    ts |= buf[t + 17].astype(np.int64) << 35
+    values = buf[(t + 3)[:, None] + np.arange(8)].copy().view("<f8").ravel()
+    tails = t.tolist()
+    keys = [raw[s:e] for s, e in zip(starts, tails, strict=True)]
+    if known is not None and not all(map(known.__contains__, keys)):
+        return None
+    return SingleSamples(keys, ts, values)

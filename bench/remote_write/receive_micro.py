@@ -1,0 +1,155 @@
+#!/usr/bin/env python
+"""Where one remote-write request's CPU goes, in-process and without HTTP or wrk noise: the
+bench's own bodies (bench/remote_write/run.py: ~2,000 dcgm-exporter series x 1 sample) through
+the receiver's stages one by one, each timed as the minimum of --repeat runs on a warm series
+cache (what a Prometheus shard's steady state is):
+
+  snappy   wire.unsnappy
+  decode   wire.decode with the series cache's known label encodings
+  convert  mapping.convert: series -> per-node batches (rows per (GPU, ts), counters -> rates)
+  prepare  columns.prepare + validate.check_batch of each batch (what the receiver's _parse does)
+  write    storage.writes.write_batches of all the body's batches in one transaction (SQLite,
+           or --db URL), fresh batch keys each run so nothing is a duplicate
+
+Run:  .venv/bin/python bench/remote_write/receive_micro.py [--nodes 50] [--repeat 20] [--db URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import run as rw_bench  # bench/remote_write/run.py (this directory is on sys.path when run as a script)
+
+from gpufleet.collector.columns import prepare
+from gpufleet.collector.remote_write import wire
+from gpufleet.collector.remote_write.columnar import Slots, convert_columnar
+from gpufleet.collector.remote_write.mapping import Conversion, RateState, SeriesMap, convert
+from gpufleet.collector.validate import check_batch
+
+
+def bodies(nodes: int, windows: int, now: float) -> list[bytes]:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "bodies.bin"
+        rw_bench.remote_write_bodies(path, nodes, windows, now)
+        data = path.read_bytes()
+    out, pos = [], 0
+    while pos < len(data):
+        n = int(data[pos:pos + 10])
+        out.append(data[pos + 10:pos + 10 + n])
+        pos += 10 + n
+    return out
+
+
+def best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    times, res = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        res = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--windows", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--db", help="database URL for the write stage (default: a throwaway SQLite file)")
+    ap.add_argument("--skip-write", action="store_true")
+    args = ap.parse_args()
+
+    now = time.time()
+    all_bodies = bodies(args.nodes, args.windows, now)
+    body = all_bodies[len(all_bodies) // 2]
+    series, rates = SeriesMap(), RateState()
+    limit = 64 << 20
+    # warm the series cache and the counters' previous samples on every body, as a running shard has
+    for b in all_bodies:
+        c = convert(wire.decode(wire.unsnappy(b, max_size=limit)), series, rates, cluster="bench", digest="warm",
+                    now=now, max_age_s=None, max_future_s=300, max_rows=20_000)
+        rates.commit(c.rate_updates)
+    raw = wire.unsnappy(body, max_size=limit)
+    req = wire.decode(raw, series.known)
+    stages: dict[str, float] = {}
+    stages["snappy"], _ = best(lambda: wire.unsnappy(body, max_size=limit), args.repeat)
+    stages["decode"], _ = best(lambda: wire.decode(raw, series.known), args.repeat)
+    stages["digest"], _ = best(lambda: hashlib.blake2b(raw, digest_size=12, person=b"gpufleet-rw",
+                                                       key=b"bench").hexdigest(), args.repeat)
+
+    def conv(digest: str = "d") -> Conversion:
+        return convert(req, series, rates, cluster="bench", digest=digest, now=now, max_age_s=None,
+                       max_future_s=300, max_rows=20_000)
+
+    stages["convert"], cv = best(conv, args.repeat)
+
+    def prep(c: Conversion) -> list[Any]:
+        out = []
+        for b in c.batches:
+            p = prepare(b)
+            check_batch(b, p, now, max_rows=20_000, max_age_s=None, max_future_s=300)
+            out.append(p)
+        return out
+
+    stages["prepare"], preps = best(lambda: prep(cv), args.repeat)
+    # the receiver's path for such a body: the columnar scan + conversion instead of the three above
+    slots = Slots()
+    convert_columnar(wire.scan_single_samples(raw, None), series, slots, rates,  # type: ignore[arg-type]
+                     cluster="bench", digest="d", now=now, max_age_s=None, max_future_s=300, max_rows=20_000)
+
+    def columnar() -> Conversion | None:
+        cols = wire.scan_single_samples(raw, None)
+        assert cols is not None, "the bench's body should take the columnar path"
+        c = convert_columnar(cols, series, slots, rates, cluster="bench", digest="d", now=now, max_age_s=None,
+                             max_future_s=300, max_rows=20_000)
+        assert c is not None
+        for b, p in zip(c.batches, c.prepared, strict=True):
+            check_batch(b, p, now, max_rows=20_000, max_age_s=None, max_future_s=300)
+        return c
+
+    t_col, ccv = best(columnar, args.repeat)
+    if not args.skip_write:
+        from gpufleet.storage.db import make_engine
+        from gpufleet.storage.writes import WriteCache, write_batches
+
+        with tempfile.TemporaryDirectory() as d:
+            url = args.db
+            if url is None:
+                from gpufleet.storage.migrate import upgrade
+
+                url = f"sqlite:///{Path(d) / 'micro.db'}"
+                upgrade(url)
+            engine = make_engine(url)
+            cache = WriteCache()
+            k = [0]
+
+            def write() -> None:
+                k[0] += 1
+                ps = prep(conv(f"w{k[0]}"))
+                with engine.begin() as c:
+                    write_batches(c, ps, now, cache)
+
+            write()  # dimensions (cluster, nodes, GPUs, jobs) created once, as in a running collector
+            t_with_prep, _ = best(write, max(3, args.repeat // 4))
+            stages["write"] = t_with_prep - stages["convert"] - stages["prepare"]
+            engine.dispose()
+    rows = sum(p.n for p in preps)
+    print(f"body: {len(body):,} bytes snappy, {len(raw):,} raw, {len(req.series):,} series, "
+          f"{len(cv.batches)} batches, {rows} rows; min of {args.repeat}")
+    for name, t in stages.items():
+        print(f"  {name:8s} {t * 1e3:8.3f} ms")
+    total = sum(stages.values())
+    print(f"  {'total':8s} {total * 1e3:8.3f} ms  ({len(req.series) / total:,.0f} samples/s on one core)")
+    col_total = total - stages["decode"] - stages["convert"] - stages["prepare"] + t_col
+    assert ccv is not None and sum(p.n for p in ccv.prepared) == rows
+    print(f"columnar (scan + convert_columnar + check_batch, replacing decode/convert/prepare): {t_col * 1e3:.3f} ms;"
+          f" total {col_total * 1e3:.3f} ms ({len(req.series) / col_total:,.0f} samples/s on one core)")
+
+
+if __name__ == "__main__":
+    main()
