@@ -141,18 +141,18 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     mfu = {"estimate": _r(tensor_mean), "achieved_tflops": achieved,
            "peak_tflops": _r(peak * g, 1) if peak else None, "peak_tflops_per_gpu": peak, "basis": MFU_BASIS}
 
-    def gpu_means(feat: str, weight: np.ndarray) -> list[float | None]:
-        x = feats.f[feat]
+    def gpu_means(names: tuple[str, ...], weight: np.ndarray) -> dict[str, list[float | None]]:
+        x = np.stack([feats.f[k] for k in names])  # one numpy pass for all of them
         ok = ~np.isnan(x) & (weight > 0)
-        w = np.where(ok, weight, 0.0).sum(axis=1)
-        s = np.where(ok, x * weight, 0.0).sum(axis=1)
-        return [float(s[i] / w[i]) if w[i] > 0 else None for i in range(g)]
+        w = np.where(ok, weight, 0.0).sum(axis=-1)
+        m = np.where(ok, x * weight, 0.0).sum(axis=-1) / np.where(w > 0, w, 1.0)
+        have = (w > 0).tolist()
+        return {k: [v if h else None for v, h in zip(m[j].tolist(), have[j], strict=True)] for j, k in enumerate(names)}
 
-    cols = {k: gpu_means(f, n) for k, f in (("sm", "sm"), ("tensor", "tensor"), ("dram", "dram"), ("occ", "occ"),
-                                            ("power", "power"), ("clock", "clock"))}
-    cols["clock_busy"] = gpu_means("clock_busy", np.nan_to_num(feats.f["nb"]))
+    cols = gpu_means(("sm", "tensor", "dram", "occ", "power", "clock"), n)
+    cols.update(gpu_means(("clock_busy",), np.nan_to_num(feats.f["nb"])))
     fbm = feats.f["fb_used_max"]
-    fb_max = [float(np.nanmax(fbm[i])) if fbm.shape[1] and np.any(~np.isnan(fbm[i])) else None for i in range(g)]
+    fb_max = [None if v != v else v for v in np.fmax.reduce(fbm, axis=1).tolist()] if fbm.shape[1] else [None] * g
     samples = n.sum(axis=1) if n.size else np.zeros(g)
     per_gpu = []
     for i in range(g):

@@ -61,28 +61,37 @@ class Windows:
 
 
 def _reshape(x: np.ndarray, w: int, fill: float) -> np.ndarray:
-    g, m = x.shape
+    """(..., M) -> (..., K, w): minutes into windows of ``w``, the last padded with ``fill``."""
+    m = x.shape[-1]
     k = -(-m // w) if m else 0
     pad = k * w - m
     if pad:
-        x = np.concatenate([x, np.full((g, pad), fill)], axis=1)
-    return x.reshape(g, k, w)
+        x = np.concatenate([x, np.full((*x.shape[:-1], pad), fill)], axis=-1)
+    return x.reshape(*x.shape[:-1], k, w)
 
 
 def wmean(x: np.ndarray, weight: np.ndarray, w: int) -> np.ndarray:
+    """Weighted mean per window of (..., G, M) ``x`` (several features stacked on the leading
+    axis share one call: a job's windows cost a few large numpy calls, not one per feature)."""
     ok = ~np.isnan(x) & (weight > 0)
-    xs = _reshape(np.where(ok, x * weight, 0.0), w, 0.0).sum(axis=2)
-    ws = _reshape(np.where(ok, weight, 0.0), w, 0.0).sum(axis=2)
+    xs = _reshape(np.where(ok, x * weight, 0.0), w, 0.0).sum(axis=-1)
+    ws = _reshape(np.where(ok, weight, 0.0), w, 0.0).sum(axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(ws > 0, xs / np.where(ws > 0, ws, 1.0), np.nan)
 
 
 def wmax(x: np.ndarray, w: int) -> np.ndarray:
-    return np.fmax.reduce(_reshape(x, w, np.nan), axis=2)
+    return np.fmax.reduce(_reshape(x, w, np.nan), axis=-1)
 
 
 def wsum(x: np.ndarray, w: int) -> np.ndarray:
-    return _reshape(np.nan_to_num(x), w, 0.0).sum(axis=2)
+    return _reshape(np.nan_to_num(x), w, 0.0).sum(axis=-1)
+
+
+# Window means weighted by samples, and by busy samples (the "while busy" features).
+BY_SAMPLES = ("sm", "occ", "tensor", "dram", "gpu_util", "fp32", "fp64", "power", "clock",
+              "nvl_tx", "nvl_rx", "ib_tx", "ib_rx", "pcie_rx", "busy_frac")
+BY_BUSY = ("busy_sm", "clock_busy", "throttle_frac")
 
 
 def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -> Windows:
@@ -91,11 +100,9 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -
     f = feats.f
     nb = np.nan_to_num(f["nb"])
     out: dict[str, np.ndarray] = {}
-    for name in ("sm", "occ", "tensor", "dram", "gpu_util", "fp32", "fp64", "power", "clock",
-                 "nvl_tx", "nvl_rx", "ib_tx", "ib_rx", "pcie_rx", "busy_frac"):
-        out[name] = wmean(f[name], n, w)
-    for name in ("busy_sm", "clock_busy", "throttle_frac"):
-        out[name] = wmean(f[name], nb, w)
+    for names, weight in ((BY_SAMPLES, n), (BY_BUSY, nb)):
+        means = wmean(np.stack([f[name] for name in names]), weight, w)
+        out.update(zip(names, means, strict=True))
     # Transitions per minute, over the minutes that had raw samples to count them in.
     trans_minutes = wsum((~np.isnan(f["trans"])).astype(np.float64), w)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -116,12 +123,14 @@ def masked_median(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
         x, mask = x[:, None], np.broadcast_to(mask, x.shape)[:, None]
     if x.shape[0] == 0:
         return np.full(x.shape[1], np.nan)
-    s = np.sort(np.where(mask, x, np.nan), axis=0)  # NaN sorts last
-    n = (~np.isnan(s)).sum(axis=0)
-    lo = np.maximum(n - 1, 0) // 2
-    hi = n // 2
-    a = np.take_along_axis(s, lo[None, :], axis=0)[0]
-    b = np.take_along_axis(s, np.minimum(hi, s.shape[0] - 1)[None, :], axis=0)[0]
+    v = np.where(mask, x, np.nan)
+    if x.shape[0] == 1:  # one GPU: its own value ((a + a) / 2 == a, as below)
+        return v[0]
+    s = np.sort(v, axis=0)  # NaN sorts last
+    n = s.shape[0] - np.isnan(s).sum(axis=0)
+    cols = np.arange(s.shape[1])
+    a = s[np.maximum(n - 1, 0) // 2, cols]
+    b = s[np.minimum(n // 2, s.shape[0] - 1), cols]
     return np.where(n > 0, (a + b) / 2.0, np.nan)
 
 

@@ -11,7 +11,6 @@ detectors then apply the rules that hold for any workload)."""
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from gpufleet.flagkinds import WORKLOAD_CLASSES
+
+from .windows import masked_median
 
 OVERRIDE_LABELS = ("gpufleet.io/workload", "workload-class", "workload_class")
 OWNER_KINDS = {
@@ -88,9 +89,9 @@ def from_pattern(busy_frac: np.ndarray, valid: np.ndarray) -> WorkloadClass | No
     metadata names no class. A training loop that alternates (an input stall) does so at its
     step's rhythm, so its windows' busy share stays put; a replica's follows its traffic, which
     swings (diurnal, bursts). Steady alternation stays undecided: it may be either."""
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows: no data, skipped below
-        per_window = np.nanmedian(np.where(valid, busy_frac, np.nan), axis=0) if busy_frac.size else busy_frac
+    # masked_median, not np.nanmedian (masked arrays: 50x slower here); all-NaN windows: no
+    # data, NaN, skipped below.
+    per_window = masked_median(busy_frac, valid) if busy_frac.size else busy_frac
     x = per_window[~np.isnan(per_window)] if per_window.size else per_window
     if len(x) < 6:
         return None

@@ -11,7 +11,7 @@ import numpy as np
 from gpufleet.flagkinds import flag_kinds
 
 from ..config import KindConfig
-from .base import Finding, Found, JobView, Signals
+from .base import CounterMinutes, Finding, Found, JobView, Signals
 
 KIND = "hw_fault"
 SIGNALS = Signals()  # error counters and agent events, whatever else is measured
@@ -57,27 +57,8 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     def minute_ts(m: int) -> float:
         return float((c.b0 + m) * 60)
 
-    for i in range(g):
-        hit = np.flatnonzero(np.nan_to_num(c.xid_crit[i]) > 0)
-        if len(hit):
-            note(i, "xid", int(c.xid_crit[i][hit[0]]), minute_ts(int(hit[0])))
-        rm = np.flatnonzero(np.nan_to_num(c.remap_max[i]) >= 1)
-        if len(rm):
-            note(i, "row_remap_failure", 1, minute_ts(int(rm[0])))
-        for key, hi, lo, need in (("ecc_dbe_new", c.ecc_max[i], c.ecc_min[i], 1.0),
-                                  ("nvlink_errors_new", c.nvl_err_max[i], c.nvl_err_min[i], cfg.nvlink_errors_min),
-                                  ("pcie_replays_new", c.replay_max[i], c.replay_min[i], cfg.pcie_replays_min)):
-            ok = ~np.isnan(hi)
-            if not ok.any():
-                continue
-            # Counters are cumulative since driver load: count what the job added (a
-            # reset makes a step down, which is not an error).
-            series = np.fmax.accumulate(np.where(ok, hi, -np.inf))
-            base = float(np.nanmin(lo)) if np.any(~np.isnan(lo)) else float(hi[ok][0])
-            added = series - base
-            hit = np.flatnonzero(added >= need)
-            if len(hit):
-                note(i, key, int(added[-1]), minute_ts(int(hit[0])))
+    for i, key, value, m in _counter_hits(c, cfg) if c.xid_crit.size else ():
+        note(i, key, value, minute_ts(m))
     for ts, row, kind, code in job.events:
         if row is None or not (0 <= row < g):
             continue
@@ -87,8 +68,9 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
             note(row, f"event_{kind}", code if code is not None else 1, ts)
     spec = flag_kinds().get(KIND)
     out: list[Finding] = []
-    for node in dict.fromkeys(ctx.gpu_nodes):
-        rows = [i for i in range(g) if ctx.gpu_nodes[i] == node and per_gpu[i]]
+    noted = [i for i in range(g) if per_gpu[i]]
+    for node in dict.fromkeys(ctx.gpu_nodes) if noted else ():
+        rows = [i for i in noted if ctx.gpu_nodes[i] == node]
         if not rows:
             continue
         start = min(first[i] or ctx.last_ts for i in rows)
@@ -97,4 +79,44 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
         evidence: dict[str, Any] = {"gpus": items, "critical_xids": sorted(crit), **({"cause": cause} if cause else {})}
         out.append(Finding(KIND, node, cfg.severity or spec.severity, max(ctx.first_ts, start), ctx.last_ts, True,
                            0.0, evidence, spec.suggestion_for(ctx.workload_class, cause)))
+    return out
+
+
+def _counter_hits(c: CounterMinutes, cfg: Config) -> list[tuple[int, str, int, int]]:
+    """(GPU row, key, value, first minute) of what the minute counters show, per GPU in the
+    order xid, row remap, ECC, NVLink, PCIe (the evidence's key order). One numpy pass per
+    counter over all GPUs: the common case (nothing wrong) costs no per-GPU Python."""
+    g = c.xid_crit.shape[0]
+    found: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []  # key, (G,) hit, first minute, value
+    hit_x = c.xid_crit > 0  # NaN compares False: an unmeasured minute is no XID
+    first_x = hit_x.argmax(axis=1)
+    xid_at_first = np.take_along_axis(c.xid_crit, first_x[:, None], axis=1)[:, 0]
+    found.append(("xid", np.asarray(hit_x.any(axis=1)), first_x, xid_at_first))
+    hit_r = c.remap_max >= 1
+    found.append(("row_remap_failure", np.asarray(hit_r.any(axis=1)), hit_r.argmax(axis=1), np.ones(g)))
+    for key, hi, lo, need in (("ecc_dbe_new", c.ecc_max, c.ecc_min, 1.0),
+                              ("nvlink_errors_new", c.nvl_err_max, c.nvl_err_min, cfg.nvlink_errors_min),
+                              ("pcie_replays_new", c.replay_max, c.replay_min, cfg.pcie_replays_min)):
+        # Nothing can reach ``need`` when the highest reading minus the lowest (any baseline is
+        # one of them) stays below it: the usual all-zero counters cost two reductions.
+        with np.errstate(invalid="ignore"):
+            lowest = np.fmin(np.fmin.reduce(lo, axis=None), np.fmin.reduce(hi, axis=None))
+            spread = np.fmax.reduce(hi, axis=None) - lowest
+        if not spread >= need:
+            continue
+        ok = ~np.isnan(hi)
+        have = ok.any(axis=1)
+        # Counters are cumulative since driver load: count what the job added (a
+        # reset makes a step down, which is not an error). The baseline is the job's lowest
+        # reading, else (no minimum measured) its first maximum.
+        series = np.fmax.accumulate(np.where(ok, hi, -np.inf), axis=1)
+        lo_ok = ~np.isnan(lo)
+        first_hi = np.take_along_axis(hi, ok.argmax(axis=1)[:, None], axis=1)[:, 0]
+        base = np.where(lo_ok.any(axis=1), np.fmin.reduce(np.where(lo_ok, lo, np.inf), axis=1), first_hi)
+        with np.errstate(invalid="ignore"):
+            over = (series - base[:, None]) >= need
+        found.append((key, have & over.any(axis=1), over.argmax(axis=1), series[:, -1] - base))
+    out: list[tuple[int, str, int, int]] = []
+    for i in np.flatnonzero(np.any([f[1] for f in found], axis=0)):
+        out += [(int(i), key, int(value[i]), int(first[i])) for key, hit, first, value in found if hit[i]]
     return out

@@ -5,6 +5,10 @@ interleaved in one run, with both reports compared.
     .venv/bin/python bench/goodput/features_bench.py           # 10,000 GPUs x 3,600 s
     .venv/bin/python bench/goodput/features_bench.py --quick   # 1,000 GPUs
 
+Before/after a change to the analysis: run ``--features-only --reports-out FILE`` on each tree
+(docs/benchmarks.md shows how to get the older tree), interleaved, and ``cmp`` the two files:
+the reports must be byte-identical. The per-job-size lines show the per-job constant cost.
+
 The fleet and its samples are bench/goodput/throughput.py's. Not timed: making the samples and
 folding them into states (storage.minute_features.fold: the collector's work at ingest, shown
 separately) and the database read (runner_bench.py measures that). Timed per job, CPU of one
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=10_000)
     ap.add_argument("--seconds", type=int, default=3600)
     ap.add_argument("--variants", type=int, default=24, help="distinct sample arrays per job size (reused)")
+    ap.add_argument("--features-only", action="store_true", help="skip the raw-samples reference (A/B of two trees)")
+    ap.add_argument("--reports-out", type=Path, help="write each job's features-path report and flags (JSON lines)")
     a = ap.parse_args(argv)
     total = 1000 if a.quick else a.gpus
     th = load_thresholds()
@@ -64,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     raw_cpu = feat_cpu = 0.0
     same = 0
     rows_total = 0
+    by_size: dict[int, list[float]] = {}
+    out = a.reports_out.open("w") if a.reports_out else None
     for j, s in enumerate(sizes):
         v = j % len(pool[s])
         ts, gpu, cols = pool[s][v]
@@ -71,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                        gpu_uuids=[f"GPU-{j}-{k}" for k in range(s)], gpu_nodes=[f"n{j}-{k // 8}" for k in range(s)],
                        gpu_indexes=[k % 8 for k in range(s)], model="NVIDIA H100 80GB HBM3")
         c0 = time.process_time()
-        ref = analyze(meta, features_for(th, ts, gpu, cols, s), histograms(cols), th=th, first_ts=t0,
-                      last_ts=t0 + a.seconds - 1)
+        ref = None if a.features_only else analyze(meta, features_for(th, ts, gpu, cols, s), histograms(cols), th=th,
+                                                   first_ts=t0, last_ts=t0 + a.seconds - 1)
         c1 = time.process_time()
         rows, hist = states[(s, v)]
         tot = hist.sum(axis=0)
@@ -81,15 +89,28 @@ def main(argv: list[str] | None = None) -> int:
         c2 = time.process_time()
         raw_cpu += c1 - c0
         feat_cpu += c2 - c1
+        by_size.setdefault(s, []).append(c2 - c1)
         rows_total += len(rows)
-        same += json.dumps(ref.report, sort_keys=True) == json.dumps(got.report, sort_keys=True) and \
-            [(x.kind, x.scope) for x in ref.findings] == [(x.kind, x.scope) for x in got.findings]
+        flags = [(x.kind, x.scope) for x in got.findings]
+        if out:
+            out.write(json.dumps([got.report, flags], sort_keys=True) + "\n")
+        same += ref is not None and json.dumps(ref.report, sort_keys=True) == json.dumps(got.report, sort_keys=True) \
+            and [(x.kind, x.scope) for x in ref.findings] == flags
+    if out:
+        out.close()
     print(f"fleet: {total:,} GPUs in {len(sizes):,} jobs, {a.seconds:,} s at 1 Hz = {total * a.seconds / 1e6:.1f} M "
           f"GPU-samples = {rows_total:,} GPU-minute states")
-    print(f"analysis CPU from raw samples (before):      {raw_cpu:6.2f} s")
-    print(f"analysis CPU from minute features (now):     {feat_cpu:6.2f} s  ({raw_cpu / feat_cpu:.1f}x less; "
-          "goal <= 1.5 s for 10,000 GPUs)")
-    print(f"reports identical: {same} of {len(sizes)} jobs")
+    if not a.features_only:
+        print(f"analysis CPU from raw samples (before):      {raw_cpu:6.2f} s")
+    print(f"analysis CPU from minute features (now):     {feat_cpu:6.2f} s  "
+          + ("" if a.features_only else f"({raw_cpu / feat_cpu:.1f}x less; ")
+          + f"goal <= 1.5 s for 10,000 GPUs = {1e3 * 1.5 / len(sizes) * total / 10_000:.2f} ms per job here)")
+    for s in sorted(by_size):
+        t = by_size[s]
+        print(f"  {s:3d}-GPU jobs: {len(t):4d}, {1e3 * sum(t) / len(t):6.2f} ms CPU per job, "
+              f"{1e3 * sum(t) / len(t) / s:6.2f} ms per GPU, {100 * sum(t) / feat_cpu:4.1f}% of the total")
+    if not a.features_only:
+        print(f"reports identical: {same} of {len(sizes)} jobs")
     print(f"(ingest fold of the {sum(len(v) for v in pool.values())} distinct sample sets, not in either: "
           f"{fold_cpu:.2f} s CPU)")
     return 0
