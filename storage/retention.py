@@ -33,6 +33,10 @@ RAW_TABLES = {"gpu_sample_blocks": "t0"}
 _EXPIRED_BY = {"gpu_sample_blocks": "t1"}
 ROLLUP_TABLES = {"gpu_samples_1m": "bucket", "job_samples_1m": "bucket"}
 PARTITIONED = {**RAW_TABLES, **ROLLUP_TABLES}
+# Minute features folded at ingest (what the analysis reads): kept as long as the 1-minute
+# rollups (the same setting), rows deleted on both databases (not partitioned). The hour
+# histograms go only once their whole hour is past the cutoff.
+FEATURE_TABLES = {"gpu_minute_features": "bucket", "job_hist_features": "hour"}
 _NAME_RE = re.compile(r"^(?P<table>[a-z0-9_]+)_p(?P<day>\d{8})$")
 
 # (database url, table, day) already known to exist; per process.
@@ -155,9 +159,10 @@ def list_partitions(conn: Connection, table: str) -> list[tuple[str, int]]:
 
 
 def apply_retention(engine: Engine, now: float, raw_days: float, rollup_days: float) -> dict[str, int]:
-    """Remove raw samples older than ``raw_days`` and rollups older than ``rollup_days``.
-    PostgreSQL drops whole day partitions (only days entirely before the cutoff); SQLite
-    deletes rows. Returns partitions dropped (PostgreSQL) or rows deleted (SQLite) per table."""
+    """Remove raw samples older than ``raw_days``, rollups and minute features older than
+    ``rollup_days``. PostgreSQL drops whole day partitions (only days entirely before the
+    cutoff); SQLite deletes rows; feature rows are deleted on both. Returns partitions dropped
+    (PostgreSQL) or rows deleted (SQLite, and feature tables) per table."""
     out: dict[str, int] = {}
     cutoffs = {t: now - raw_days * DAY for t in RAW_TABLES} | {t: now - rollup_days * DAY for t in ROLLUP_TABLES}
     url = engine.url.render_as_string(hide_password=True)
@@ -183,6 +188,12 @@ def apply_retention(engine: Engine, now: float, raw_days: float, rollup_days: fl
             with engine.begin() as c:
                 out[table] = c.execute(text(f"DELETE FROM {table} WHERE {_EXPIRED_BY.get(table, col)} < :c"),
                                        {"c": cutoff}).rowcount
+    feature_cutoff = now - rollup_days * DAY
+    with engine.begin() as c:
+        out["gpu_minute_features"] = c.execute(text("DELETE FROM gpu_minute_features WHERE bucket < :c"),
+                                               {"c": feature_cutoff}).rowcount
+        out["job_hist_features"] = c.execute(text("DELETE FROM job_hist_features WHERE hour < :h"),
+                                             {"h": int(feature_cutoff // 3600)}).rowcount
     with engine.begin() as c:
         # The idempotency ledger only needs to outlive any retry: keep it as long as raw data.
         c.execute(text("DELETE FROM ingest_batches WHERE received_at < :c"), {"c": now - raw_days * DAY})
