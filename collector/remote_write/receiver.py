@@ -32,7 +32,7 @@ from gpufleet.storage import tokens
 
 from . import wire
 from .columnar import Slots, convert_columnar
-from .mapping import Conversion, RateState, SeriesMap, SnapshotState, convert
+from .mapping import SERIES_CACHE_MAX, Conversion, RateState, SeriesMap, SnapshotState, convert
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -78,6 +78,7 @@ class Receiver:
         self.coll = coll
         self.series = SeriesMap()
         self.slots = Slots()  # the series map's known series as array rows (columnar.py)
+        self.memory_totals: dict[tuple[str, str], float] = {}  # (cluster, uuid) -> bytes, last seen
         self.rates = RateState()
         self.snapshots = SnapshotState()
         self.stats = Stats()
@@ -155,6 +156,8 @@ class Receiver:
                 conv = convert(req, self.series, self.rates, cluster=cluster, digest=digest, now=now,
                                max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, max_rows=max_rows,
                                snapshots=self.snapshots)
+        with self._lock:
+            self._keep_memory_totals(conv, cluster)
         built, conv.prepared = conv.prepared, []
         for i, b in enumerate(conv.batches):
             try:
@@ -164,6 +167,22 @@ class Receiver:
             except BatchRejected as e:
                 conv.rejected.append((e.status, f"node {b.agent.node!r}: {e.detail}"))
         return conv
+
+    def _keep_memory_totals(self, conv: Conversion, cluster: str) -> None:
+        """A GPU's memory total comes from its framebuffer series, which a body may not carry
+        (a sender cuts a scrape into bodies anywhere): such a body's GPU gets the total last
+        seen, so the stored one is not erased to unknown and the GPU row is not rewritten on
+        every other request."""
+        memory = self.memory_totals
+        for b in conv.batches:
+            for g in b.gpus:
+                k = (cluster, g.uuid)
+                if g.memory_total_bytes is None:
+                    g.memory_total_bytes = memory.get(k)
+                else:
+                    if len(memory) >= SERIES_CACHE_MAX and k not in memory:
+                        memory.clear()
+                    memory[k] = g.memory_total_bytes
 
     async def _store(self, conv: Conversion) -> Answer:
         from gpufleet.collector.errors import BatchRejected

@@ -208,3 +208,23 @@ def test_a_gpu_split_over_two_shards_is_counted_as_rows_already_stored(database_
     assert stored_values(e, "gpu_util") == {("GPU-split", T0 / 1000): None}  # the second shard's field
     assert "gpufleet_remote_write_rows_already_stored_total 1.0" in httpx.get(srv.url + "/metrics").text
     e.dispose()
+
+
+def test_a_body_without_the_framebuffer_series_keeps_the_gpus_memory_total(database_url, live_server) -> None:
+    """A sender cuts a scrape into bodies anywhere: a body without a GPU's framebuffer series
+    must not erase the memory total an earlier body gave (known series: the columnar path too)."""
+    from sqlalchemy import text
+
+    srv = live_server(database_url)
+    e = make_engine(database_url)
+    gpu = {"UUID": "GPU-mem", "gpu": "0", "Hostname": "node-m"}
+    fb = body([({"__name__": "DCGM_FI_DEV_FB_USED", **gpu}, [(T0, 1000.0)]),
+               ({"__name__": "DCGM_FI_DEV_FB_FREE", **gpu}, [(T0, 3000.0)])])
+    assert post(srv.url, fb).status_code == 200
+    for k in (1, 2):  # the second time its series are known
+        util = body([({"__name__": "DCGM_FI_DEV_GPU_UTIL", **gpu}, [(T0 + k * 15_000, 50.0)])])
+        assert post(srv.url, util).status_code == 200
+        with e.connect() as c:
+            total = c.execute(text("select memory_total_bytes from gpus where uuid = 'GPU-mem'")).scalar_one()
+        assert total == 4000 * 2**20
+    e.dispose()
