@@ -105,6 +105,9 @@ class CollectorSettings(Section):
     retry_after_s: int = env("INGEST_RETRY_AFTER_S", 2, "Retry-After on 503 answers", ge=0)
     import_max_bytes: int = env("IMPORT_MAX_BYTES", 8 * 1024**3, "`POST /api/v1/import` body limit (decompressed)",
                                 gt=0)
+    # Read by storage/minute_features.py in the write path itself (storage gets no Settings object there).
+    fold: Path | None = env("FOLD", None, "TOML file overriding storage/fold.toml, the minute-feature fold's busy "
+                            "level, throttle mask and critical XIDs; applies to minutes folded afterwards")
 
 
 class MaintenanceSettings(Section):
