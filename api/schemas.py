@@ -142,7 +142,9 @@ class SeriesGpu(BaseModel):
     index: int
 
 
-class TimeseriesPublic(BaseModel):
+class PerGpuSeries(BaseModel):
+    """Per-GPU series on one time axis: what a job's and a node's history share."""
+
     start: float
     end: float
     step: int = Field(description="seconds per point (auto: about 360 points)")
@@ -151,6 +153,9 @@ class TimeseriesPublic(BaseModel):
     t: list[float] = Field(description="point times (epoch seconds, bucket starts)")
     gpus: list[SeriesGpu]
     series: dict[str, list[list[float | None]]] = Field(description="field -> one array per GPU (order of gpus)")
+
+
+class TimeseriesPublic(PerGpuSeries):
     aggregate: dict[str, list[float | None]] = Field(description="field -> the job-aggregate line")
 
 
@@ -223,15 +228,8 @@ class NodeDetail(BaseModel):
     window_s: float
 
 
-class NodeTimeseriesPublic(BaseModel):
-    start: float
-    end: float
-    step: int = Field(description="seconds per point (auto: about 360 points)")
-    points: int
-    fields: list[FieldInfo]
-    t: list[float] = Field(description="point times (epoch seconds, bucket starts)")
-    gpus: list[SeriesGpu]
-    series: dict[str, list[list[float | None]]] = Field(description="field -> one array per GPU (order of gpus)")
+class NodeTimeseriesPublic(PerGpuSeries):
+    """A node's GPUs over time (no job-aggregate line)."""
 
 
 class GpuJob(BaseModel):

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import SIZES, make_arrays
+from throughput import fleet
 
 from gpufleet.analysis.config import load_thresholds
 from gpufleet.analysis.detectors import features_for
@@ -53,13 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     th = load_thresholds()
     rng = np.random.default_rng(0)
     t0 = 1_790_000_000.0
-    sizes: list[int] = []
-    i = 0
-    while sum(sizes) < total:
-        sizes.append(min(SIZES[i % len(SIZES)], total - sum(sizes)))
-        i += 1
-    pool = {s: [make_arrays(s, a.seconds, rng, t0) for _ in range(min(a.variants, sizes.count(s)))]
-            for s in set(sizes)}
+    sizes, pool = fleet(total, a.seconds, a.variants, rng, t0)
     f0 = time.process_time()
     states = {}
     for s, variants in pool.items():

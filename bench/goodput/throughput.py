@@ -50,6 +50,19 @@ def make_arrays(n_gpus: int, seconds: int, rng: np.random.Generator, t0: float) 
     return ts, gpu, cols
 
 
+def fleet(total_gpus: int, seconds: int, variants: int, rng: np.random.Generator, t0: float
+          ) -> tuple[list[int], dict[int, list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]]]:
+    """Job sizes (cycling SIZES) adding up to ``total_gpus``, and up to ``variants`` distinct
+    sample arrays per size (the jobs of one size reuse them)."""
+    sizes: list[int] = []
+    i = 0
+    while sum(sizes) < total_gpus:
+        sizes.append(min(SIZES[i % len(SIZES)], total_gpus - sum(sizes)))
+        i += 1
+    pool = {s: [make_arrays(s, seconds, rng, t0) for _ in range(min(variants, sizes.count(s)))] for s in set(sizes)}
+    return sizes, pool
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1,000 GPUs")
@@ -61,13 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     th = load_thresholds()
     rng = np.random.default_rng(0)
     t0 = 1_790_000_000.0
-    sizes: list[int] = []
-    i = 0
-    while sum(sizes) < total_gpus:
-        sizes.append(min(SIZES[i % len(SIZES)], total_gpus - sum(sizes)))
-        i += 1
-    pool = {s: [make_arrays(s, a.seconds, rng, t0) for _ in range(min(a.variants, sizes.count(s)))]
-            for s in set(sizes)}
+    sizes, pool = fleet(total_gpus, a.seconds, a.variants, rng, t0)
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
     flags = 0
