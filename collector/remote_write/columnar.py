@@ -143,7 +143,7 @@ def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates
                 counters.append(s)
         if counters:
             counter = np.isin(ids, counters)
-    conv = Conversion([])
+    conv = Conversion([], columnar=True)
     conv.series = conv.samples = len(ids)
     if not mapped.all():
         conv.ignored.update(Counter(slots.reason[s] for s in ids[~mapped].tolist()))

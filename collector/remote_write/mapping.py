@@ -214,9 +214,11 @@ class Conversion:
     nccl_records: int = 0  # NCCL Inspector records folded into collectives
     snapshot_updates: dict[SnapshotKey, SnapshotToken] = field(default_factory=dict)
     gpu_updates: dict[tuple[str, str, int], GpuInfo] = field(default_factory=dict)
+    columnar: bool = False  # converted by columnar.convert_columnar (the answer says which path)
 
     def summary(self) -> dict[str, object]:
         return {"series": self.series, "samples": self.samples, "values": self.stored_values,
+                "columnar": self.columnar,
                 "rows": sum(b.n_rows() for b in self.batches), "nodes": len(self.batches),
                 "collectives": sum(len(b.collectives) for b in self.batches), "nccl_records": self.nccl_records,
                 "ignored_series": dict(self.ignored), "dropped_samples": dict(self.dropped)}

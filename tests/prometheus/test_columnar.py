@@ -68,7 +68,8 @@ def test_columnar_answers_what_convert_answers(bad: bool, max_rows: int) -> None
         fast = convert_columnar(cols, smap, slots, fast_rates, **kw)  # type: ignore[arg-type]
         slow = convert(wire.decode(raw, smap.known), smap, slow_rates, **kw)  # type: ignore[arg-type]
         assert fast is not None
-        assert slow.batches and fast.summary() == slow.summary()
+        assert fast.columnar and not slow.columnar
+        assert slow.batches and fast.summary() == dict(slow.summary(), columnar=True)
         assert fast.rate_updates == slow.rate_updates and fast.rate_updates
         if bad:
             assert {"nan_or_stale", "too_old", "outside_catalog_range"} <= set(fast.dropped)

@@ -223,7 +223,8 @@ def test_a_body_without_the_framebuffer_series_keeps_the_gpus_memory_total(datab
     assert post(srv.url, fb).status_code == 200
     for k in (1, 2):  # the second time its series are known
         util = body([({"__name__": "DCGM_FI_DEV_GPU_UTIL", **gpu}, [(T0 + k * 15_000, 50.0)])])
-        assert post(srv.url, util).status_code == 200
+        r = post(srv.url, util)
+        assert r.status_code == 200 and r.json()["columnar"] == (k == 2) and r.json()["stored"] == 1
         with e.connect() as c:
             total = c.execute(text("select memory_total_bytes from gpus where uuid = 'GPU-mem'")).scalar_one()
         assert total == 4000 * 2**20
