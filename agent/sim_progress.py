@@ -14,7 +14,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +27,11 @@ RANKS = 4  # ranks per job that report (a real job's every rank may; four show a
 FLUSH_S = 5.0  # simulated seconds between flushes (under the relay's 10 s expiry)
 # A replayed past runs many times faster than real time, and the relay's socket queues only a few
 # datagrams (net.unix.max_dgram_qlen, 10 by default): a burst beyond it is dropped by the client.
-# Each flush yields this long, so the relay's thread reads before the next one arrives.
+# Given the relay's count of datagrams received, the driver keeps at most QUEUE_ROOM in flight
+# (waiting at most PACE_WAIT_S for the relay's thread); without it each flush yields PACE_S.
 PACE_S = 0.001
+QUEUE_ROOM = 6
+PACE_WAIT_S = 1.0
 TOKENS_PER_STEP = 4 * 4096  # micro-batch of four 4k-token sequences
 
 
@@ -91,12 +94,15 @@ class ProgressDriver:
     """``advance(now)`` each agent cycle (the agent that owns the relay): every reporting rank
     emits what its processes did up to ``now`` and flushes every FLUSH_S."""
 
-    def __init__(self, jobs: list[SimJob], destination: str, *, storied_only: bool = True) -> None:
+    def __init__(self, jobs: list[SimJob], destination: str, *, storied_only: bool = True,
+                 received: Callable[[], int] | None = None) -> None:
         self.destination = destination
+        self.received = received  # the relay's datagrams received (ProgressRelay.received), to pace by
         # storied_only: the jobs whose profile has a progress story; else every job given
         # reports (the others with a healthy story: tests, false positives)
         self.jobs = [j for j in jobs if j.profile.progress_flags or not storied_only]
-        self.flushes = 0  # datagrams sent (one per stream and flush: < 512 events each)
+        self.flushes = 0  # flushes (one datagram per stream and flush: < 512 events each)
+        self.sent = 0  # ... of them the socket took (the others' events are the Reporter's dropped)
         self.streams: list[_RankStream] = []
         self._seen: set[str] = set()
         self._flushed = -math.inf
@@ -127,8 +133,7 @@ class ProgressDriver:
         elif what == "s":
             s.rep.step(payload, tokens=TOKENS_PER_STEP)
         elif what == "crash":  # what it buffered went out at its last flush or goes now; then silence
-            s.rep.flush()
-            self.flushes += 1
+            self._flush(s.rep)
             s.rep, s.spans = None, []
             s.restarts += 1
 
@@ -147,6 +152,17 @@ class ProgressDriver:
             for s in self.streams:
                 if s.rep is not None:
                     s.clock.t = now - s.job.start_ts  # the heartbeat's "now"
-                    s.rep.flush()
-                    self.flushes += 1
-                    time.sleep(PACE_S)
+                    self._flush(s.rep)
+
+    def _flush(self, rep: Reporter) -> None:
+        dropped = rep.dropped
+        rep.flush()
+        self.flushes += 1
+        if rep.dropped == dropped:
+            self.sent += 1
+        if self.received is None:
+            time.sleep(PACE_S)
+            return
+        deadline = time.monotonic() + PACE_WAIT_S
+        while self.sent - self.received() >= QUEUE_ROOM and time.monotonic() < deadline:
+            time.sleep(0.0005)

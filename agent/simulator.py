@@ -760,11 +760,12 @@ def _share_of_node(p: Profile, gpus_per_node: int) -> int:
 def _age(p: Profile, rng: random.Random, covering: bool) -> float:
     """Seconds the job has run at the fleet's start. A job covering a profile started before
     the replayed history (>= 45 min), so its flag has the evidence it needs at start; one with a
-    progress story started inside it (20-35 min), so its whole story, startup included, is seen."""
+    progress story started inside it (30-35 min: a crash comes 15-25 min in, its restart up to 3
+    min later), so its whole story, startup included, is seen."""
     age = rng.uniform(60, 7200)
     if not covering:
         return age
-    return 1200.0 + age % 900.0 if p.progress_flags else 2700.0 + age % 3600.0
+    return 1800.0 + age % 300.0 if p.progress_flags else 2700.0 + age % 3600.0
 
 
 def sample_job(job: SimJob, now: float, rng: random.Random, *, interval_s: float = 1.0,
@@ -802,6 +803,11 @@ class SimulatedSource:
                     self._slot[g] = (j, rank, nodes.index(n))
         self._fired: dict[str, float] = {}
         self._pending: list[Event] = []
+
+    @property
+    def jobs(self) -> list[SimJob]:
+        """The jobs placed on this node (gpufleet up sizes each node's replayed past by them)."""
+        return self._jobs
 
     def devices(self) -> list[GpuInfo]:
         return [GpuInfo(index=i, uuid=gpu_uuid(self.node, i), model=self.model,

@@ -1,7 +1,8 @@
 """How honest is the demo: start `gpufleet up` as the README does (simulated default fleet,
 default settings) on a temp data dir, poll the API, and record when each flag kind first shows.
-Prints a JSON report: seconds to first page, seconds to each kind's first open flag, the number
-of kinds shown at 2 minutes against the registry's, and any "collector unavailable" log lines.
+Prints a JSON report: seconds to first page, when the replayed history reached 25/50/75/100%
+(the page's "replaying history" state), seconds to each kind's first open flag, the number of
+kinds shown at 2 minutes against the registry's, and any "collector unavailable" log lines.
 
     .venv/bin/python bench/web/demo_flags.py [--seconds 150]
 """
@@ -48,12 +49,18 @@ def main() -> None:
         page_s: float | None = None
         registry: list[str] = []
         at_mark: int | None = None
+        replay: dict[str, float] = {}  # "25%".."100%": when the page's replay progress first reached it
         try:
             while (now := time.monotonic() - t0) < args.seconds:
                 try:
                     if page_s is None and httpx.get(base + "/", timeout=5).status_code == 200:
                         page_s = now
                     if page_s is not None:
+                        rp = httpx.get(base + "/web/replay", timeout=5).json()
+                        if rp.get("cycles_total"):
+                            for q in (25, 50, 75, 100):
+                                if (rp.get("percent") or 0) >= q:
+                                    replay.setdefault(f"{q}%", round(now, 1))
                         if not registry:
                             kinds = httpx.get(base + "/api/v1/flag-kinds", timeout=5).json()["kinds"]
                             registry = [k["name"] for k in kinds]
@@ -77,6 +84,7 @@ def main() -> None:
         "first_page_s": None if page_s is None else round(page_s, 1),
         "registry_kinds": len(registry),
         f"kinds_shown_at_{args.mark:.0f}s": at_mark,
+        "replay_progress_s": replay,
         "first_seen_s": dict(sorted(first.items(), key=lambda kv: kv[1])),
         "never_shown": sorted(set(registry) - set(first)),
         "collector_unavailable_lines": [ln.strip() for ln in lines if "unavailable" in ln],

@@ -13,7 +13,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,11 @@ log = logging.getLogger("gpufleet.up")
 
 # The default simulated fleet: room for every inefficient profile once, healthy jobs around them.
 DEMO_NODES = 24
+# Each simulated node replays only the past its jobs' flags need (_evidence_s), at most
+# --history-minutes: a node of healthy jobs replays this much (its charts have a past; no flag
+# waits on it), so the first analysis pass comes within a minute of start on a busy machine.
+HEALTHY_HISTORY_S = 600.0
+EVIDENCE_MARGIN_S = 120.0  # over a kind's minimum duration: the window alignment's slack
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,8 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--analysis-interval", type=float, default=None,
                    help="seconds between analysis runs (default $GPUFLEET_ANALYSIS_INTERVAL_S, else 60)")
     p.add_argument("--history-minutes", type=float, default=40.0,
-                   help="simulated fleet: replay this much past history at start, so charts and flags (which "
-                        "need 15-30 min of evidence) show at once (default 40; 0 = live only)")
+                   help="simulated fleet: replay up to this much past history at start, so charts and flags "
+                        "(which need 15-30 min of evidence) show at once; each node replays what its jobs' "
+                        "flags need, a node of healthy jobs 10 min (default 40; 0 = live only)")
     p.set_defaults(func=run)
 
 
@@ -87,6 +93,55 @@ def _sources(args: argparse.Namespace, data_dir: Path) -> list[tuple[str, Any]]:
     return list(fabric_sources(fleet, data_dir / "sim-fabric"))
 
 
+def _counter(obj: Any, attr: str) -> Callable[[], int]:
+    """A reader of ``obj.attr`` (the relay's datagram count, for the progress driver's pacing)."""
+    return lambda: int(getattr(obj, attr))
+
+
+def _evidence_s(job: Any, th: Any, now: float, gpus_per_node: int) -> float:
+    """Seconds of replayed past a simulated job needs for the flags it should raise to show at
+    the first analysis pass (its inefficiency runs from before the replay: simulator._age)."""
+    p = job.profile
+    if p.progress_flags:
+        return now - job.start_ts + EVIDENCE_MARGIN_S  # its whole story, startup included
+    from gpufleet.agent.sim_faults import fabric_fault
+
+    if p.fabric_flags and fabric_fault(p.name, job.seed, len(job.nodes), gpus_per_node).period_s > 0:
+        # Congestion and a flapping NIC come and go (every 10-25 min): only the whole history
+        # surely holds an episode and the healthy baseline it is judged against.
+        return float("inf")
+    kinds = p.flags | p.fabric_flags  # a dirty cable counts errors all the time
+    if not kinds:
+        return HEALTHY_HISTORY_S
+    window = float(th.general.window_s)
+    return max(float(th.raw.get(k, {}).get("min_duration_s", 0.0)) for k in kinds) + window + EVIDENCE_MARGIN_S
+
+
+def _history_plan(sources: list[tuple[str, Any]], cap_s: float, now: float) -> dict[str, float]:
+    """Seconds of past each node's agent replays: a simulated node what its jobs need (at most
+    ``cap_s``), a real one none. The first agent owns the progress relay, and the simulated
+    training processes report on its clock: ``sources`` is put longest replay first, and the
+    first replays what every progress story needs."""
+    from gpufleet.analysis.config import load_thresholds
+
+    th = load_thresholds()
+    plan: dict[str, float] = {}
+    for node, source in sources:
+        jobs = getattr(source, "jobs", None) if getattr(source, "name", "") == "simulator" else None
+        if jobs is None or cap_s <= 0:
+            plan[node] = 0.0
+            continue
+        needs = [_evidence_s(j, th, now, source.gpus_per_node) for j in jobs]
+        plan[node] = min(cap_s, max([HEALTHY_HISTORY_S, *needs]))
+    sources.sort(key=lambda ns: -plan[ns[0]])  # the relay's agent first: the longest replay
+    if sources and plan[sources[0][0]] > 0:
+        fleet = getattr(sources[0][1], "fleet_jobs", [])
+        gpn = sources[0][1].gpus_per_node
+        stories = [_evidence_s(j, th, now, gpn) for j in fleet if j.profile.progress_flags]
+        plan[sources[0][0]] = min(cap_s, max([plan[sources[0][0]], *stories]))
+    return plan
+
+
 class _Background:
     """Agents and the analysis loop, started once the server listens, stopped on shutdown."""
 
@@ -107,7 +162,9 @@ class _Background:
     def start_agents(self) -> None:
         from gpufleet.agent.runner import Agent, AgentConfig
 
-        for node, source in _sources(self.args, self.data_dir):
+        sources = _sources(self.args, self.data_dir)
+        history = _history_plan(sources, self.args.history_minutes * 60.0, time.time())
+        for node, source in sources:
             fabric = getattr(source, "fabric", None)  # a simulated node's fake fabric files
             cfg = AgentConfig(
                 collector_url=self.base_url,
@@ -129,22 +186,23 @@ class _Background:
                     # The simulated training processes report to this host's relay, as real ones do.
                     from gpufleet.agent.sim_progress import ProgressDriver
 
-                    source.hooks.append(ProgressDriver(source.fleet_jobs, relay.path).advance)
-            history = self.args.history_minutes if getattr(source, "name", "") == "simulator" else 0.0
-            self.replay.plan(int(history * 60 / cfg.interval_s))
-            t = threading.Thread(target=self._run_agent, args=(agent, history), name=f"agent-{node}", daemon=True)
+                    driver = ProgressDriver(source.fleet_jobs, relay.path, received=_counter(relay, "received"))
+                    source.hooks.append(driver.advance)
+            self.replay.plan(int(history[node] / cfg.interval_s))
+            t = threading.Thread(target=self._run_agent, args=(agent, history[node]), name=f"agent-{node}",
+                                 daemon=True)
             t.start()
             self.threads.append(t)
         self.agents_started.set()  # every agent's replay is planned: the progress is complete
 
-    def _run_agent(self, agent: Any, history_minutes: float) -> None:
+    def _run_agent(self, agent: Any, history_s: float) -> None:
         """Replay the simulated past through the agent's own batching and spool (its sender
         then delivers it over HTTP like any backlog), then sample live."""
-        if history_minutes > 0:
+        if history_s > 0:
             agent.start()
-            t = time.time() - history_minutes * 60
+            t = time.time() - history_s
             n = 0
-            planned = int(history_minutes * 60 / agent.config.interval_s)  # as start_agents planned it
+            planned = int(history_s / agent.config.interval_s)  # as start_agents planned it
             # Re-read the clock every cycle: the replay itself takes seconds, leave no gap.
             while t < time.time() and not self.stop.is_set():
                 agent.cycle(t)
