@@ -112,6 +112,17 @@ class NodeFabric:
         self._nic_t: float | None = None
         self._rng = random.Random(f"{node}/nics")
         self.lines = 0  # Inspector lines written (bench)
+        # Only a node that runs a multi-node NCCL job gets a /sys/class/infiniband tree: reading
+        # eight ports every 5 s costs the replay as much as the GPUs, and only those ports move.
+        # The ports exist before the node's agent starts: it looks for them once, when it is built.
+        self.has_nics = any(len(j.nodes) >= 2 for j in self.jobs)
+        for g, port in enumerate(self._ports if self.has_nics else []):
+            p = self._port_dir(g)
+            (p / "counters").mkdir(parents=True, exist_ok=True)
+            (p / "counters_ext").mkdir(exist_ok=True)
+            self._put(port, p / "link_layer", "InfiniBand\n")
+            self._put(port, p / "state", "4: ACTIVE\n")
+            self._put(port, p / "phys_state", "5: LinkUp\n")
 
     # --- NCCL Inspector --------------------------------------------------------------------
 
@@ -207,6 +218,8 @@ class NodeFabric:
             port.written[path.name] = text
 
     def _write_nics(self, now: float, readings: list[GpuReading]) -> None:
+        if not self.has_nics:
+            return
         dt = 0.0 if self._nic_t is None else now - self._nic_t
         if self._nic_t is not None and dt < NIC_WRITE_S:
             return
@@ -240,12 +253,6 @@ class NodeFabric:
                 port.tx += gv.get("ib_tx_bytes_s", 0.0) * dt * rate / RAIL_GBPS
                 port.rx += gv.get("ib_rx_bytes_s", 0.0) * dt * rate / RAIL_GBPS
             p = self._port_dir(g)
-            if not port.written:
-                (p / "counters").mkdir(parents=True, exist_ok=True)
-                (p / "counters_ext").mkdir(exist_ok=True)
-                self._put(port, p / "link_layer", "InfiniBand\n")
-                self._put(port, p / "state", "4: ACTIVE\n")
-                self._put(port, p / "phys_state", "5: LinkUp\n")
             self._put(port, p / "rate", f"{rate:g} Gb/sec (4X {'NDR' if rate >= 400 else 'HDR'})\n")
             for name, v in port.counters.items():
                 self._put(port, p / "counters" / name, f"{int(v)}\n")

@@ -8,7 +8,7 @@ The faults come and go, as they do on real clusters, so any stretch of replayed 
 both the job's healthy speed (the detectors' baseline) and its slow episodes:
 
 * ``congestion`` (collective_slow): another tenant's traffic (checkpoint storms to storage over
-  the compute fabric) shares the spine for a few minutes every 10-25 minutes. Every rank's bus
+  the compute fabric) shares the spine for 7-12 minutes every 15-30 minutes. Every rank's bus
   bandwidth drops alike; no rank is consistently late and the ports' xmit_wait only doubles or
   triples (adaptive routing spreads it): slow, but not one NIC's fault.
 * ``flapping_nic`` (network_degraded): a marginal transceiver on one rail of one node retrains
@@ -56,12 +56,15 @@ class FabricFault:
 def fabric_fault(profile: str, job_seed: int, n_nodes: int, gpus_per_node: int) -> FabricFault:
     kind = FAULT_OF_PROFILE.get(profile, "none")
     r = random.Random(f"fabric/{profile}/{job_seed}")
+    # Episodes of 7-12 min, healthy gaps of 6-20 min between them (the detectors' baseline).
     if kind == "congestion":
-        period = r.uniform(600, 1500)
-        return FabricFault(kind, period, r.uniform(240, 480), r.uniform(0, period), severity=r.uniform(0.3, 0.6))
+        length = r.uniform(420, 720)
+        period = length + r.uniform(480, 1200)
+        return FabricFault(kind, period, length, r.uniform(0, period), severity=r.uniform(0.3, 0.6))
     if kind == "flapping_nic":
-        period = r.uniform(600, 1200)
-        return FabricFault(kind, period, r.uniform(240, 540), r.uniform(0, period), severity=r.choice([0.5, 0.5, 0.25]),
+        length = r.uniform(420, 720)
+        period = length + r.uniform(360, 900)
+        return FabricFault(kind, period, length, r.uniform(0, period), severity=r.choice([0.5, 0.5, 0.25]),
                            node_rank=r.randrange(max(1, n_nodes)), rail=r.randrange(gpus_per_node))
     if kind == "dirty_cable":
         return FabricFault(kind, node_rank=r.randrange(max(1, n_nodes)), rail=r.randrange(gpus_per_node),

@@ -746,7 +746,24 @@ def place_jobs(nodes: list[str], gpus_per_node: int, seed: int, start_ts: float)
                                        start_ts - rng.uniform(60, 7200), [(node, n), (node, n + 1)]))
         jid += 1
         jobs.append(SimJob(f"{jid}", p, rng.choice(users), start_ts - _age(p, rng, covering), gpus))
+        if covering:
+            _in_episode_at_start(jobs[-1], start_ts, gpus_per_node)
     return jobs
+
+
+EPISODE_AT_START_S = 150.0
+
+
+def _in_episode_at_start(job: SimJob, start_ts: float, gpus_per_node: int) -> None:
+    """A job covering a fabric fault that comes and goes starts earlier (by less than one period)
+    so that the fleet starts EPISODE_AT_START_S into an episode: the first analysis pass, a minute
+    or two later, finds it under way for longer than its kind's 3 minutes (an open flag), with the
+    healthy gap before it in the replayed history as the baseline."""
+    f = fabric_fault(job.profile.name, job.seed, len(job.nodes), gpus_per_node)
+    if f.period_s <= 0:
+        return
+    age = start_ts - job.start_ts
+    job.start_ts -= (EPISODE_AT_START_S - f.phase_s - age) % f.period_s  # now (age + phase) % period == 150 s
 
 
 def _whole_node(p: Profile, gpus_per_node: int) -> bool:

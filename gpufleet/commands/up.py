@@ -26,6 +26,7 @@ DEMO_NODES = 24
 # waits on it), so the first analysis pass comes within a minute of start on a busy machine.
 HEALTHY_HISTORY_S = 600.0
 EVIDENCE_MARGIN_S = 120.0  # over a kind's minimum duration: the window alignment's slack
+FABRIC_HISTORY_S = 900.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -98,23 +99,21 @@ def _counter(obj: Any, attr: str) -> Callable[[], int]:
     return lambda: int(getattr(obj, attr))
 
 
-def _evidence_s(job: Any, th: Any, now: float, gpus_per_node: int) -> float:
+def _evidence_s(job: Any, th: Any, now: float) -> float:
     """Seconds of replayed past a simulated job needs for the flags it should raise to show at
     the first analysis pass (its inefficiency runs from before the replay: simulator._age)."""
     p = job.profile
     if p.progress_flags:
         return now - job.start_ts + EVIDENCE_MARGIN_S  # its whole story, startup included
-    from gpufleet.agent.sim_faults import fabric_fault
-
-    if p.fabric_flags and fabric_fault(p.name, job.seed, len(job.nodes), gpus_per_node).period_s > 0:
-        # Congestion and a flapping NIC come and go (every 10-25 min): only the whole history
-        # surely holds an episode and the healthy baseline it is judged against.
-        return float("inf")
-    kinds = p.flags | p.fabric_flags  # a dirty cable counts errors all the time
-    if not kinds:
+    if p.fabric_flags:
+        # The fleet starts 150 s into a congestion or flapping-NIC episode (simulator
+        # _in_episode_at_start) after a healthy gap of 6 min or more: the episode and 10 min of
+        # baseline before it; a dirty cable counts one error a minute or more, its flag needs ten.
+        return FABRIC_HISTORY_S
+    if not p.flags:
         return HEALTHY_HISTORY_S
     window = float(th.general.window_s)
-    return max(float(th.raw.get(k, {}).get("min_duration_s", 0.0)) for k in kinds) + window + EVIDENCE_MARGIN_S
+    return max(float(th.raw.get(k, {}).get("min_duration_s", 0.0)) for k in p.flags) + window + EVIDENCE_MARGIN_S
 
 
 def _history_plan(sources: list[tuple[str, Any]], cap_s: float, now: float) -> dict[str, float]:
@@ -131,13 +130,12 @@ def _history_plan(sources: list[tuple[str, Any]], cap_s: float, now: float) -> d
         if jobs is None or cap_s <= 0:
             plan[node] = 0.0
             continue
-        needs = [_evidence_s(j, th, now, source.gpus_per_node) for j in jobs]
+        needs = [_evidence_s(j, th, now) for j in jobs]
         plan[node] = min(cap_s, max([HEALTHY_HISTORY_S, *needs]))
     sources.sort(key=lambda ns: -plan[ns[0]])  # the relay's agent first: the longest replay
     if sources and plan[sources[0][0]] > 0:
         fleet = getattr(sources[0][1], "fleet_jobs", [])
-        gpn = sources[0][1].gpus_per_node
-        stories = [_evidence_s(j, th, now, gpn) for j in fleet if j.profile.progress_flags]
+        stories = [_evidence_s(j, th, now) for j in fleet if j.profile.progress_flags]
         plan[sources[0][0]] = min(cap_s, max([plan[sources[0][0]], *stories]))
     return plan
 
@@ -235,7 +233,7 @@ class _Background:
         # the replayed past is stored: a job whose newest stored sample is still in the replayed
         # past looks stale, and the pass would close it and its allocations (close_stale_jobs).
         self._wait_for_replay(deadline_s=300.0)
-        wait = min(20.0, every)
+        wait = 0.0  # the first pass as soon as the replayed past is stored
         while not self.stop.wait(wait):
             try:
                 run_analysis(engine, thresholds=thresholds, cache=cache)
