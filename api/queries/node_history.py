@@ -28,10 +28,12 @@ def find_node(session: Session, cluster: str, name: str) -> Node | None:
 def node_timeseries(session: Session, node: Node, *, fields: list[str], step: str, start: float | None,
                     end: float | None) -> dict[str, Any]:
     """One array per GPU of the node per field, NaN (null in JSON) where nothing was measured;
-    the range defaults to the last 24 hours up to the node's last sample, and starts at the
-    node's first minute of data inside it."""
+    the range defaults to the last 24 hours up to the node's last sample (a start alone ends
+    now), and starts at the node's first minute of data inside it."""
     gpus = list(session.execute(select(Gpu).where(Gpu.node_id == node.id).order_by(Gpu.index)).scalars())
-    t_end = end if end is not None else (node.last_seen or now())
+    # A caller that names the start (the page's "-24h") means a range ending now; with no range
+    # at all, the day up to the node's last sample (a node that went quiet still shows its end).
+    t_end = end if end is not None else now() if start is not None else (node.last_seen or now())
     t_start = start if start is not None else t_end - 86400
     if gpus and t_end > t_start:
         # the axis starts at the node's first minute of data in the range, not hours of nothing

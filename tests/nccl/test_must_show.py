@@ -125,4 +125,4 @@ def test_slack_names_the_node_and_link(faulty: list[Any]) -> None:
     (net,) = [f for f in _run(view_of(faulty)) if f.kind == "network_degraded"]
     fact = FlagFact(net.kind, net.scope, net.severity, net.wasted_gpu_hours, net.evidence, net.suggestion)
     text = flag_section(AlertConfig(), KindSummary(net.kind, net.severity, (net.scope,), 0.0, (fact,)), True)["text"]
-    assert "gpu-02" in text["text"] and "nic=`mlx5_5/1`" in text["text"] and "rank=`21`" in text["text"]
+    assert "gpu-02" in text["text"] and "NIC `mlx5_5/1`" in text["text"] and "rank `21`" in text["text"]
