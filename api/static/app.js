@@ -82,7 +82,10 @@
     done();
   }
   const kpi = (label, value, title) => h("div", { class: "kpi", title }, h("div", { class: "v" }, value), h("div", { class: "l" }, label));
-  const chip = (f) => h("span", { class: `chip ${f.severity}${f.open === false ? " closed" : ""}`, title: `${kindTitle(f.kind)}: ${f.severity}${f.open === false ? " (resolved)" : ""}` }, f.kind);
+  // The chip reads as the registry's title ("Idle GPUs"); the identifier stays in the tooltip and
+  // data-kind, for people who grep logs or the API for it.
+  const chip = (f) => h("span", { class: `chip ${f.severity}${f.open === false ? " closed" : ""}`, "data-kind": f.kind,
+    title: `${f.kind}: ${f.severity}${f.open === false ? " (resolved)" : ""}` }, kindTitle(f.kind));
   function table(cols, rows, opts = {}) {
     const head = h("tr", {}, cols.map((c) => {
       const th = h("th", { class: [c.n ? "n" : "", c.sort ? "sortable" : "", c.sort && opts.sort === c.sort ? `sorted ${opts.order === "asc" ? "asc" : ""}` : ""].join(" "), title: c.title }, c.label);
@@ -129,6 +132,7 @@
 
     async function loadSummary() {
       const s = await api(`/api/v1/fleet/summary?window=${W.key}`);
+      await kindsReady;  // the waste bars are labelled with the registry's titles
       fill(kpis, 
         kpi("SM active now", pct(s.current.sm_active), "mean over reporting GPUs, newest minute"),
         kpi("Tensor active now", pct(s.current.tensor_active)),
@@ -142,7 +146,7 @@
           Object.entries(s.open_flags).map(([k, v]) => `${k}: ${v}`).join(", ")));
       const causes = Object.entries(s.wasted_gpu_hours).filter(([, v]) => v > 0);
       const max = Math.max(1e-9, ...causes.map(([, v]) => v || 0));
-      fill(waste, causes.length ? causes.map(([k, v]) => h("div", { class: "bar" }, h("span", {}, k),
+      fill(waste, causes.length ? causes.map(([k, v]) => h("div", { class: "bar", "data-kind": k }, h("span", { title: k }, kindTitle(k)),
         h("div", { class: "track" }, h("div", { class: "fill", style: { width: `${((v || 0) / max) * 100}%` } })),
         h("span", { class: "n" }, gh(v)))) : h("p", { class: "muted" }, `No waste flagged in the last ${W.label}.`));
       const wasters = s.top_jobs.filter((j) => j.wasted_gpu_hours > 0);
@@ -278,7 +282,8 @@
   // evidence formatting they share with the flags page.
   function jobFlagCards(j) {
     return h("div", { class: "flags", id: "flags" }, j.flags.length ? j.flags.map((f) => h("div", { class: `flag ${f.severity}` },
-      h("div", {}, h("span", { class: "k" }, kindTitle(f.kind)), " ", chip(f), f.scope ? h("span", { class: "muted" }, ` on ${f.scope}`) : null,
+      h("div", {}, h("span", { class: "k", title: f.kind }, kindTitle(f.kind)), " ",
+        h("span", { class: `chip ${f.severity}`, "data-kind": f.kind }, f.severity), f.scope ? h("span", { class: "muted" }, ` on ${f.scope}`) : null,
         h("span", { class: "muted", style: { float: "right" } }, `${gh(f.wasted_gpu_hours)} GPU-h${f.open ? "" : " · resolved"}`)),
       h("div", { class: "s" }, f.suggestion),
       EV.table(f.kind, f.evidence),  // evidence.js: labels, units, meanings, folded lists

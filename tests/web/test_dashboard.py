@@ -22,7 +22,9 @@ def test_every_page_loads_clean(web: tuple[Page, Seeded]) -> None:
     with_data = pg.locator("#gpu-grid .cell[data-sm]:not([data-sm=''])").count()
     assert with_data == 7  # the ended job's GPU has no recent minute
     assert "sm active now" in pg.locator(".kpis").inner_text().lower()
-    assert "idle_gpu" in pg.locator(".bars").inner_text()
+    bars = pg.locator(".bars")
+    assert "Idle GPUs" in bars.inner_text()  # the registry's title, not the identifier
+    assert bars.locator(".bar[data-kind='idle_gpu']").count() == 1
     p.shot("fleet")
 
     pg = p.open("/jobs")
@@ -56,6 +58,12 @@ def test_every_page_loads_clean(web: tuple[Page, Seeded]) -> None:
 
     pg = p.open("/flags")
     assert pg.locator("tbody tr").count() == 2
+    chips = pg.locator("tbody .chip[data-kind]")
+    assert chips.count() == 2
+    for i in range(2):  # each kind chip reads as its title; the identifier is kept in data-kind
+        kind = chips.nth(i).get_attribute("data-kind") or ""
+        text = chips.nth(i).inner_text()
+        assert kind and text != kind and "_" not in text and text[0].isupper(), (kind, text)
     pg = p.open("/jobs/nope")  # a missing job shows an error, not a broken page
     assert "no job" in pg.locator("#app").inner_text()
     # the 404 of the API call is the only console error, and it is the expected one

@@ -142,7 +142,8 @@ def test_flags_page_one_line_evidence_has_units_and_no_raw_keys(flagged: tuple[P
     p, _ = flagged
     pg = p.open("/flags?open=true")
     rows = pg.evaluate("""() => [...document.querySelectorAll('table.flagtable tbody tr')].map((tr) =>
-      [tr.cells[0].innerText, tr.cells[2].innerText, tr.querySelector('.evline').innerText])""")
+      [tr.cells[0].querySelector('[data-kind]').dataset.kind, tr.cells[2].innerText,
+       tr.querySelector('.evline').innerText])""")
     lines = {kind: line for kind, job, line in rows if job == "1001"}  # the seed's own flags are on other jobs
     assert set(findings) <= set(lines)
     over = lines["oversized_allocation"]
