@@ -71,12 +71,21 @@
     }
     const [xmin, xmax] = [u.scales.x.min, u.scales.x.max];
     ctx.font = `${10 * pr}px sans-serif`;
-    for (const e of spec.events || []) {
-      if (e.ts < xmin || e.ts > xmax) continue;
+    // Labels of events close in time stack upwards instead of printing over each other: each
+    // goes on the lowest row whose last label ends left of it; past MAX_ROWS only the line is
+    // drawn (the events table below the charts lists every one).
+    const MAX_ROWS = 4, rowEnd = [];
+    const shown = (spec.events || []).filter((e) => e.ts >= xmin && e.ts <= xmax).sort((a, b) => a.ts - b.ts);
+    for (const e of shown) {
       const x = u.valToPos(e.ts, "x", true);
       ctx.strokeStyle = ctx.fillStyle = eventColor(e.kind); ctx.lineWidth = 1.5 * pr;
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
-      ctx.fillText(e.short, x + 3 * pr, top + height - 4 * pr);
+      const x0 = x + 3 * pr, w = ctx.measureText(e.short).width;
+      let row = rowEnd.findIndex((end) => x0 > end + 4 * pr);
+      if (row < 0 && rowEnd.length < MAX_ROWS) row = rowEnd.push(-Infinity) - 1;
+      if (row < 0) continue;
+      rowEnd[row] = x0 + w;
+      ctx.fillText(e.short, x0, top + height - (4 + 12 * row) * pr);
     }
     ctx.restore();
   }

@@ -35,7 +35,7 @@
         h("span", {}, "last seen ", h("b", {}, when(n.last_seen))), h("span", {}, `${n.gpus.length} GPUs`),
         Object.entries(n.labels || {}).map(([k, v]) => h("span", { class: "chip" }, `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`))),
       h("h2", {}, "GPUs"),
-      table([
+      h("div", { class: "scrollx" }, table([
         { label: "GPU", n: true, get: (g) => g.index },
         { label: "Model", get: (g) => g.model ?? dash },
         { label: "UUID", get: (g) => h("a", { class: "trunc", title: g.uuid, href: `/gpus/${enc(g.uuid)}` }, g.uuid) },
@@ -49,7 +49,7 @@
         { label: "Clock reasons now", get: (g) => (g.current?.clock_event_reasons || []).map((r) => h("span", { class: "chip" }, r.replace(/_/g, " "))) },
         { label: "Throttled 24 h", n: true, title: "minutes slowed by power/thermal/HW reasons", get: (g) => (thr(g) ? `${pct(thr(g).throttled_fraction)} (${thr(g).throttled_minutes} min)` : dash) },
         { label: "Max temp 24 h", n: true, get: (g) => (thr(g) ? `${num(thr(g).temp_c_max, 0)} °C` : dash) },
-      ], n.gpus, { class: "gpus" }),
+      ], n.gpus, { class: "gpus" })),
       h("h2", {}, "Per GPU over time ", picker), legend, charts,
       h("h2", {}, "XID / ECC / health events (7 days)"), E.table(events, { id: "node-events" }),
       h("h2", {}, "Jobs on this node (7 days)"),
