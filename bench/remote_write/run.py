@@ -62,50 +62,67 @@ DCGM_FIELDS = [f for f in CATALOG.fields if f.dcgm]
 SAMPLES_PER_SEND = 2000  # Prometheus' max_samples_per_send default (2.42: 500; later 2000)
 
 
+FB_TOTAL_MIB = 81_559.0  # an H100 80GB's DCGM_FI_DEV_FB_TOTAL: constant, as on a real GPU
+
+
+def bodies_needed(samples_s: float, seconds: float, per_body: int = SAMPLES_PER_SEND) -> int:
+    """Distinct bodies for ``seconds`` of posting at up to ``samples_s`` (10% spare)."""
+    return int(samples_s * seconds * 1.1 / per_body) + 1
+
+
 def remote_write_bodies(path: Path, nodes: int, windows: int, now: float) -> tuple[int, int, int]:
-    """Bodies of ~SAMPLES_PER_SEND samples: window after window (15 s apart), node after node,
-    every GPU's dcgm-exporter series, as a shard sends them. Returns (bodies, samples, bytes/body)."""
-    start = int((now - 1800) * 1000)
+    """Bodies of ~SAMPLES_PER_SEND samples: window after window (15 s apart, the last one a
+    minute ago), node after node, every GPU's dcgm-exporter series, as a shard sends them; a
+    body boundary falls anywhere in a node's series. Returns (bodies, samples, bytes/body)."""
+    start = int((now - 60 - windows * 15) * 1000)
     parts: list[bytes] = []
-    count = bodies = size = samples = 0
-    labels: dict[tuple[int, int, int], bytes] = {}
+    bodies = size = samples = 0
+    # per series, in send order: TimeSeries tag + length + labels, and its value (a constant,
+    # or 40..69 moving with the node, GPU and scrape)
+    series: list[tuple[bytes, float | None, int, float]] = []
+    for n in range(nodes):
+        for g in range(8):
+            uuid = f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f'bench-{n}/{g}')}"
+            for fld in DCGM_FIELDS:
+                lab = wire.encode_labels([
+                    ("__name__", fld.dcgm[0]), ("DCGM_FI_DRIVER_VERSION", "550.144.03"),
+                    ("Hostname", f"bench-{n:05d}"), ("UUID", uuid), ("container", "trainer"),
+                    ("device", f"nvidia{g}"), ("gpu", str(g)), ("instance", f"10.1.{n // 250}.{n % 250}:9400"),
+                    ("job", "dcgm-exporter"), ("modelName", "NVIDIA H100 80GB HBM3"), ("namespace", "ml"),
+                    ("pci_bus_id", f"00000000:{g:02X}:00.0"), ("pod", f"train-{n // 4}-{n % 4}")])
+                h = bytearray(b"\x0a")
+                # a sample's encoding has one length for every timestamp of the run
+                wire.put_varint(h, len(lab) + len(wire.encode_sample(start, 1.0)))
+                if fld.name == "fb_total_bytes":
+                    series.append((bytes(h) + lab, FB_TOTAL_MIB, 0, 1.0))
+                elif fld.unit == "ratio":
+                    series.append((bytes(h) + lab, min(fld.max, 0.5) / fld.dcgm_scale, 0, 1.0))
+                else:  # in dcgm-exporter's unit (MiB for the framebuffer)
+                    div = 1.0 if fld.unit == "bytes" else (fld.dcgm_scale or 1.0)
+                    series.append((bytes(h) + lab, None, n + g, div))
     with path.open("wb") as f:
-        def flush() -> None:
-            nonlocal parts, count, bodies, size
+        for w in range(windows):
+            ts = start + w * 15_000
+            enc: dict[float, bytes] = {}
+            for head, const, ng, div in series:
+                v = const if const is not None else (40.0 + (ng + w) % 30) / div
+                sample = enc.get(v)
+                if sample is None:
+                    sample = enc[v] = wire.encode_sample(ts, v)
+                parts.append(head + sample)
+                if len(parts) >= SAMPLES_PER_SEND:
+                    body = wire.snappy(b"".join(parts))
+                    f.write(b"%010d" % len(body) + body)
+                    bodies += 1
+                    size += len(body)
+                    samples += len(parts)
+                    parts = []
+        if parts:
             body = wire.snappy(b"".join(parts))
             f.write(b"%010d" % len(body) + body)
             bodies += 1
             size += len(body)
-            parts, count = [], 0
-
-        for w in range(windows):
-            ts = start + w * 15_000
-            for n in range(nodes):
-                for g in range(8):
-                    for k, fld in enumerate(DCGM_FIELDS):
-                        key = (n, g, k)
-                        lab = labels.get(key)
-                        if lab is None:
-                            uuid = f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f'bench-{n}/{g}')}"
-                            lab = labels[key] = wire.encode_labels([
-                                ("__name__", fld.dcgm[0]), ("DCGM_FI_DRIVER_VERSION", "550.144.03"),
-                                ("Hostname", f"bench-{n:05d}"), ("UUID", uuid), ("container", "trainer"),
-                                ("device", f"nvidia{g}"), ("gpu", str(g)),
-                                ("instance", f"10.1.{n // 250}.{n % 250}:9400"),
-                                ("job", "dcgm-exporter"), ("modelName", "NVIDIA H100 80GB HBM3"),
-                                ("namespace", "ml"), ("pci_bus_id", f"00000000:{g:02X}:00.0"),
-                                ("pod", f"train-{n // 4}-{n % 4}")])
-                        v = min(fld.max, 0.5) if fld.unit == "ratio" else 40.0 + (n + g + w) % 30
-                        msg = lab + wire.encode_sample(ts, v / fld.dcgm_scale if fld.dcgm_scale else v)
-                        head = bytearray(b"\x0a")
-                        wire.put_varint(head, len(msg))
-                        parts.append(bytes(head) + msg)
-                        count += 1
-                        samples += 1
-                        if count >= SAMPLES_PER_SEND:
-                            flush()
-        if parts:
-            flush()
+            samples += len(parts)
     return bodies, samples, size // max(bodies, 1)
 
 
@@ -114,9 +131,13 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
-def wrk_rw(wrk: str, port: int, bodies: Path, *, conns: int, seconds: float, threads: int) -> dict[str, Any]:
+def wrk_rw(wrk: str, port: int, bodies: Path, *, conns: int, seconds: float, threads: int,
+           offset: int = 0) -> dict[str, Any]:
+    """Bodies dealt from ``offset`` on (post_snappy.lua); the answer's ``last`` is where the
+    next run should start so that it repeats none of this run's bodies."""
     args = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:.0f}s", "--timeout", "30s", "-s", str(LUA),
-            f"http://127.0.0.1:{port}", "--", str(bodies), "/api/v1/write", "application/x-protobuf"]
+            f"http://127.0.0.1:{port}", "--", str(bodies), "/api/v1/write", "application/x-protobuf",
+            str(offset), str(threads)]
     out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
     for line in out.stdout.splitlines():
         if line.startswith("WRKJSON "):
@@ -127,14 +148,16 @@ def wrk_rw(wrk: str, port: int, bodies: Path, *, conns: int, seconds: float, thr
 def receive(name: str, port: int, tools: dict[str, Any], bodies: Path, per_body: float, args: Any,
             sid: int | None = None) -> dict[str, Any]:
     log(f"{name}: warm-up")
-    wrk_rw(tools["wrk"], port, bodies, conns=args.conns, seconds=args.warmup, threads=args.wrk_threads)
+    w0 = wrk_rw(tools["wrk"], port, bodies, conns=args.conns, seconds=args.warmup, threads=args.wrk_threads)
     log(f"{name}: measuring {args.duration:.0f} s with {args.conns} connections")
     cpu0 = session_cpu_s(sid) if sid else 0.0
-    w = wrk_rw(tools["wrk"], port, bodies, conns=args.conns, seconds=args.duration, threads=args.wrk_threads)
+    w = wrk_rw(tools["wrk"], port, bodies, conns=args.conns, seconds=args.duration, threads=args.wrk_threads,
+               offset=int(w0["last"]))
     cpu = session_cpu_s(sid) - cpu0 if sid else None
     ok = sum(int(v) for k, v in w["status"].items() if k.startswith("2"))
     elapsed = w["duration_us"] / 1e6
-    return {"name": name, "requests_ok": ok, "status": w["status"], "samples_s": ok * per_body / elapsed,
+    return {"name": name, "requests_ok": ok, "status": w["status"], "bodies_posted": int(w["last"]),
+            "distinct_bodies": int(w["bodies"]), "samples_s": ok * per_body / elapsed,
             "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3,
             "cpu_ms_per_req": (1e3 * cpu / max(ok, 1)) if cpu is not None else None}
 
@@ -192,11 +215,13 @@ def ingest(name: str, url: str, tools: dict[str, Any], proto: Path, tpl: Templat
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--nodes", type=int, default=50, help="simulated GPU nodes (8 GPUs each), remote-write bodies")
-    ap.add_argument("--windows", type=int, default=150,
-                    help="scrapes (15 s apart) of every node in the bodies: distinct bodies = nodes x windows x 224 "
-                         "samples / 2000; the series repeat from window to window, as from a real Prometheus, so "
-                         "the receiver's series cache is warm after the warm-up")
+    ap.add_argument("--nodes", type=int, default=100,
+                    help="simulated GPU nodes (8 GPUs each) in the remote-write bodies (100: 22,400 series)")
+    ap.add_argument("--max-samples-s", type=float, default=1_000_000,
+                    help="the fastest receive rate the bodies must cover without a repeat: distinct bodies = this x "
+                         "(warm-up + duration) / 2000, i.e. that many scrapes (15 s apart) of every node; the "
+                         "series repeat from scrape to scrape, as from a real Prometheus, so the receiver's series "
+                         "cache is warm after the warm-up")
     ap.add_argument("--conns", type=int, default=64, help="concurrent connections (remote-write shards / agents)")
     ap.add_argument("--duration", type=float, default=None, help="seconds per measured run (default 20, quick 8)")
     ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up (default 4, quick 2)")
@@ -221,7 +246,10 @@ def main() -> int:
         now = time.time()
         rw = tmp / "rw.bin"
         # enough distinct bodies that gpufleet never sees a repeat (a repeat would be a cheap duplicate)
-        nb, ns, bsize = remote_write_bodies(rw, args.nodes, args.windows, now)
+        want = bodies_needed(args.max_samples_s, args.warmup + args.duration)
+        windows = -(-want * SAMPLES_PER_SEND // (args.nodes * 8 * len(DCGM_FIELDS)))
+        log(f"writing {want} remote-write bodies ({windows} scrapes of {args.nodes} nodes)")
+        nb, ns, bsize = remote_write_bodies(rw, args.nodes, windows, now)
         per_body = ns / nb
         res["rw_bodies"] = {"bodies": nb, "samples_per_body": per_body, "bytes_per_body": bsize}
         tpl = Templates(args.conns, now, windows=6)
@@ -237,8 +265,9 @@ def main() -> int:
                     with collector(url, args.workers, tmp) as (port, sid):
                         r["gpufleet"] = receive(f"gpufleet /api/v1/write ({args.workers} workers, PostgreSQL)",
                                                 port, tools, rw, per_body, args, sid)
-                    if r["gpufleet"]["requests_ok"] > nb:
-                        log("WARNING: gpufleet went through every body: later requests were duplicates")
+                    if r["gpufleet"]["bodies_posted"] > nb:
+                        log(f"WARNING: gpufleet went through all {nb} bodies: later requests were duplicates "
+                            "(raise --max-samples-s)")
                 with victoria(tools["victoria-metrics"], tmp) as vport:
                     r["vm"] = receive("VictoriaMetrics /api/v1/write", vport, tools, rw, per_body, args)
                 r["receive_ratio"] = ratio(r["gpufleet"]["samples_s"], r["vm"]["samples_s"])

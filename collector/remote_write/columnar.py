@@ -18,6 +18,7 @@ previous-sample rule as ``convert``).
 from __future__ import annotations
 
 from collections import Counter
+from itertools import repeat
 
 import numpy as np
 
@@ -63,8 +64,8 @@ class Slots:
         if len(series) < self._series_len:  # the map was cleared: so are the slots
             self._reset()
         self._series_len = len(series)
-        get = self.of.get
-        ids = np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
+        # map() with a default: the lookups run in C, ~10x cheaper than a generator per key
+        ids = np.array(list(map(self.of.get, keys, repeat(-1, len(keys)))), dtype=np.int64)
         missing = np.flatnonzero(ids < 0)
         if len(missing):
             known = series.known

@@ -62,6 +62,39 @@ def test_stored_once_and_a_retried_request_is_a_duplicate(database_url, live_ser
     e.dispose()
 
 
+def _literal_snappy(raw: bytes) -> bytes:
+    """``raw`` as a valid snappy block of literals only: other bytes than the compressor's for
+    the same WriteRequest (what a proxy that re-compresses would send)."""
+    out = bytearray()
+    wire.put_varint(out, len(raw))
+    for i in range(0, len(raw), 65536):
+        chunk = raw[i:i + 65536]
+        out += bytes([61 << 2]) + (len(chunk) - 1).to_bytes(2, "little") + chunk
+    return bytes(out)
+
+
+def test_the_key_is_the_compressed_bytes_and_a_recompressed_copy_stores_no_row_twice(database_url,
+                                                                                   live_server) -> None:
+    # The idempotency key hashes the body as received (a sender retries the very buffer it
+    # sent). The same WriteRequest compressed differently is another request: not a duplicate
+    # batch, but the write path's one sample per (GPU, ts) still stores none of its rows again.
+    srv = live_server(database_url)
+    e = make_engine(database_url)
+    raw = _fleet()
+    expected = _gpu_rows(raw)
+    assert post(srv.url, raw).json()["stored"] == len(expected)
+    other = _literal_snappy(raw)
+    assert other != wire.snappy(raw) and wire.unsnappy(other, max_size=len(raw)) == raw
+    h = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+    r = httpx.post(srv.url + "/api/v1/write", content=other, headers=h, timeout=30)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["duplicate_batches"] == 0 and got["stored"] == 0
+    assert got["rows_already_stored"] == len(expected)
+    assert stored(e) == dict.fromkeys(expected, 1)
+    e.dispose()
+
+
 def test_a_503_midway_then_the_retry_stores_every_row_exactly_once(database_url, live_server) -> None:
     srv = live_server(database_url)
     e = make_engine(database_url)
