@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpufleet.catalog import CATALOG
@@ -140,6 +140,12 @@ class AgentMetrics:
         self.dropped_batches.inc(batches)
         self.dropped_rows.inc(rows)
 
+    def watch_inspector(self, source: Any) -> None:
+        """Expose an NCCL Inspector source's own counters (agent/sources/nccl_inspector.py), read
+        at scrape time: an operator sees malformed or truncated Inspector output, read errors and
+        files over the per-poll budget without reading the agent's log."""
+        self.registry.register(_InspectorCollector(source))
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Start the /metrics endpoint; returns the port (useful with port 0)."""
         from prometheus_client import start_http_server
@@ -155,3 +161,34 @@ class AgentMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+# (metric suffix, InspectorSource attribute, help): the counters the source keeps as it reads.
+_INSPECTOR_COUNTERS = (
+    ("records", "records", "NCCL Inspector records folded into collectives."),
+    ("bad_lines", "bad_lines", "Inspector lines that were not valid records (skipped, logged)."),
+    ("long_lines", "long_lines", "Inspector lines over the length limit (skipped)."),
+    ("truncations", "truncations", "Inspector files that shrank under the agent (re-read from the start)."),
+    ("read_errors", "read_errors", "Failed reads of Inspector files."),
+)
+
+
+class _InspectorCollector(Collector):
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def describe(self) -> list[Any]:
+        return []  # read at collect time only: the source's counters move between scrapes
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        for suffix, attr, doc in _INSPECTOR_COUNTERS:
+            c = CounterMetricFamily(f"gpufleet_agent_nccl_inspector_{suffix}", doc)
+            c.add_metric([], float(getattr(self.source, attr)))
+            yield c
+        g = GaugeMetricFamily("gpufleet_agent_nccl_inspector_files", "Inspector files followed now.")
+        g.add_metric([], float(len(self.source.files)))
+        yield g
+        g = GaugeMetricFamily("gpufleet_agent_nccl_inspector_files_over_limit",
+                              "Inspector files not read this poll (over the per-poll byte budget).")
+        g.add_metric([], float(self.source.files_over_limit))
+        yield g

@@ -87,6 +87,8 @@ class Agent:
         self.progress: Any = None  # agent.progress_relay.ProgressRelay, when one listens (attach())
         # NCCL collectives, NIC health, GPU <-> NIC rails (agent/sources/fabric_sections.py)
         self.fabric: Any = build_fabric(config, source)
+        if self.fabric is not None and self.fabric.inspector is not None:
+            self.metrics.watch_inspector(self.fabric.inspector)
 
     # --- lifecycle -----------------------------------------------------------------------
 

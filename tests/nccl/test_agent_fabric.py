@@ -183,3 +183,39 @@ def test_bad_offsets_file_and_a_failing_section_lose_nothing_else(tmp_path: Path
     assert agent.flush() and agent.fabric.failures == 3
     (b,) = _batches(tmp_path / "spool2")
     assert b.n_rows() == 3, "the GPU rows of every cycle are kept"
+
+
+def test_inspector_counters_on_the_agents_metrics(tmp_path: Path) -> None:
+    """Malformed Inspector output is counted where an operator scrapes the agent, not only logged."""
+    from prometheus_client import generate_latest
+
+    fab = Fabric(nodes=["gpu-00"], gpus_per_node=1)
+    job = TrainingJob("77", fab, T0, 60.0, step_s=1.0)
+    dumps = tmp_path / "dumps"
+    job.write_json(dumps, until=T0 + 20)
+    (f,) = [p for p in dumps.rglob("*") if p.is_file()]
+    with f.open("a") as out:
+        out.write("this is not an inspector record\n{\"half\": \n")
+    gpus = [h100(0, node="gpu-00")]
+    gpus[0].pids = [job.pid_of(0)]
+    cfg = AgentConfig(collector_url="http://127.0.0.1:9", node="gpu-00", spool_dir=tmp_path / "spool", fsync=False,
+                      nccl_inspector_dir=dumps, sys_root=tmp_path / "sys", proc_root=tmp_path / "proc",
+                      attributors=("none",), nic_health=False)
+    agent = Agent(cfg, NvmlSource(FakeNvml(gpus), xid_events=False), clock=Clock(T0))
+    agent.fabric.inspector.hostname = "gpu-00"
+    agent.start()
+    for k in range(1, 5):
+        agent.cycle(T0 + k)
+
+    def value(name: str) -> float:
+        for line in generate_latest(agent.metrics.registry).decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"{name} not exposed")
+
+    src = agent.fabric.inspector
+    assert src.records > 0 and src.bad_lines == 2
+    assert value("gpufleet_agent_nccl_inspector_records_total") == src.records
+    assert value("gpufleet_agent_nccl_inspector_bad_lines_total") == 2
+    assert value("gpufleet_agent_nccl_inspector_files") == 1
+    assert value("gpufleet_agent_nccl_inspector_read_errors_total") == 0
