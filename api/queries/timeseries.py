@@ -7,10 +7,11 @@ way the catalog says it rolls up (mean stays mean, max stays max)."""
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from sqlalchemy import ColumnElement, Double, Integer, cast, func, literal_column, select
+from sqlalchemy import ColumnElement, Integer, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
 from gpufleet.catalog import CATALOG
@@ -84,7 +85,8 @@ def job_timeseries(session: Session, job: Job, *, fields: list[str], gpus: list[
                    start: float | None, end: float | None, points: int | None = None) -> dict[str, Any]:
     """``gpus``: None = every GPU of the job; [] = the job aggregate only; else those UUIDs (in
     that order). ``points``: the number of points step=auto aims at (default TARGET_POINTS)."""
-    all_gpus = job_gpus(session, job)
+    # the aggregate alone (gpu=none) names no GPU: no need to look them up
+    all_gpus = job_gpus(session, job) if gpus is None or gpus else []
     if gpus is None:
         chosen = all_gpus
     else:
@@ -151,21 +153,17 @@ def _grids(session: Session, table: Any, fields: list[str], *, job_id: int, t0: 
     92,160 minutes and reducing them here took 260 ms (the rows' serialisation dominates).
     The reduction below is the same either way: with grouped rows each point has one."""
     by_gpu = keys is not None
-    c = table.c
-    if raw:
-        b: Any = c.bucket
-        cols = [c.gpu_pk if by_gpu else literal_column("0"), b, *(c[f] for f in fields)]
-        group: list[Any] = []
+    if is_sqlite(session):
+        rows = _sqlite_rows(session, table, fields, job_id=job_id, t0=t0, t_end=t_end, step=step, keys=keys,
+                            raw=raw, only_keys=only_keys)
     else:
-        b = _bucket(session, step, c.bucket)
-        cols = [c.gpu_pk if by_gpu else literal_column("0"), b, *(_agg(f, c[f]) for f in fields)]
-        group = [c.gpu_pk, b] if by_gpu else [b]
-    q = select(*(_float(session, x) for x in cols)).where(c.job_pk == job_id, c.bucket >= t0, c.bucket < t_end)
-    if group:
-        q = q.group_by(*group)
-    if by_gpu and only_keys:
-        q = q.where(c.gpu_pk.in_(keys))
-    rows = _float_rows(session, q, len(cols))
+        sql = _pg_sql(table.name, tuple(fields), by_gpu=by_gpu, raw=raw, only_keys=only_keys)
+        params: dict[str, Any] = {"job": job_id, "t0": float(t0), "t_end": float(t_end)}
+        if not raw:
+            params["step"] = float(step)
+        if by_gpu and only_keys:
+            params["keys"] = list(keys or [])
+        rows = _pg_rows(session, sql, params, 2 + len(fields), grouped=not raw)
     width = len(keys) if keys is not None else 1
     if by_gpu:
         order = np.argsort(np.asarray(keys, dtype=np.float64))
@@ -194,36 +192,74 @@ def _grids(session: Session, table: Any, fields: list[str], *, job_id: int, t0: 
     return out
 
 
-def _float(session: Session, col: Any) -> Any:
-    # PostgreSQL: every column as float8 with NULL as NaN, so binary COPY rows have one fixed
-    # layout numpy reads in one call (the NaN becomes null in the JSON, as NULL did)
-    if is_sqlite(session):
-        return col
-    return func.coalesce(cast(col, Double), literal_column("'NaN'::float8"))
-
-
-def _float_rows(session: Session, q: Any, ncols: int) -> np.ndarray:
-    """The rows of ``q`` as a (rows, ncols) float64 array, without a Python object per value on
-    PostgreSQL. Every bound value here is a number we computed, so the statement is compiled
-    with literal values and run on the DB-API connection directly."""
+def _sqlite_rows(session: Session, table: Any, fields: list[str], *, job_id: int, t0: float, t_end: float,
+                 step: int, keys: list[int] | None, raw: bool, only_keys: bool) -> np.ndarray:
+    by_gpu = keys is not None
+    c = table.c
+    if raw:
+        b: Any = c.bucket
+        cols = [c.gpu_pk if by_gpu else literal_column("0"), b, *(c[f] for f in fields)]
+        group: list[Any] = []
+    else:
+        b = _bucket(session, step, c.bucket)
+        cols = [c.gpu_pk if by_gpu else literal_column("0"), b, *(_agg(f, c[f]) for f in fields)]
+        group = [c.gpu_pk, b] if by_gpu else [b]
+    q = select(*cols).where(c.job_pk == job_id, c.bucket >= t0, c.bucket < t_end)
+    if group:
+        q = q.group_by(*group)
+    if by_gpu and only_keys:
+        q = q.where(c.gpu_pk.in_(keys))
+    # Every bound value here is a number we computed: compiled with literal values and run on
+    # the DB-API connection, no Python object per row beyond the tuple (NULL -> NaN: a gap)
     conn = session.connection()
     sql = str(q.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-    dbapi: Any = conn.connection.dbapi_connection
-    if is_sqlite(session):
-        cur = dbapi.cursor()
-        try:
-            cur.execute(sql)
-            rows = cur.fetchall()
-        finally:
-            cur.close()
-        return np.array(rows, dtype=np.float64).reshape(len(rows), ncols)
+    cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cur.execute(sql)
+        rows = cur.fetchall()
+    finally:
+        cur.close()
+    return np.array(rows, dtype=np.float64).reshape(len(rows), len(cols))
+
+
+@lru_cache(maxsize=256)
+def _pg_sql(table: str, fields: tuple[str, ...], *, by_gpu: bool, raw: bool, only_keys: bool) -> str:
+    """The statement for one shape of request, written once: compiling a 32-column SQLAlchemy
+    select with literal values cost more than PostgreSQL took to run it (job line, 1,440 rows).
+    Names come from the catalog (parse_fields checked them), values are bound parameters.
+
+    Every column comes back as float8 with NULL as NaN, so the rows have one fixed layout numpy
+    reads in one call (the NaN becomes null in the JSON, as NULL did). A mean is sum / count
+    of float8 (what avg computes, without avg's three-element array state per group)."""
+    if raw:
+        bucket = "bucket"
+        vals = [f"coalesce({f}::float8, 'NaN')" for f in fields]
+    else:
+        bucket = "floor(bucket / %(step)s) * %(step)s"
+        vals = [f"coalesce(max({f})::float8, 'NaN')" if _is_max(f)
+                else f"coalesce(sum({f}::float8) / count({f}), 'NaN')" for f in fields]
+    gpu = "gpu_pk::float8" if by_gpu else "0::float8"
+    sql = (f"SELECT {gpu}, {bucket}, {', '.join(vals)} FROM {table} "
+           "WHERE job_pk = %(job)s AND bucket >= %(t0)s AND bucket < %(t_end)s")
+    if by_gpu and only_keys:
+        sql += " AND gpu_pk = ANY(%(keys)s::int[])"
+    if not raw:
+        sql += " GROUP BY 1, 2"
     # One row back: each column as one float8[] in PostgreSQL's binary array format (array_send),
     # read by numpy in one call. (Binary COPY would do too, but psycopg yields it row by row.)
-    names = ", ".join(f"c{k}" for k in range(ncols))
-    aggs = ", ".join(f"array_send(array_agg(c{k}))" for k in range(ncols))
+    names = ", ".join(f"c{k}" for k in range(2 + len(fields)))
+    aggs = ", ".join(f"array_send(array_agg(c{k}))" for k in range(2 + len(fields)))
+    return f"SELECT {aggs} FROM ({sql}) AS q({names})"
+
+
+def _pg_rows(session: Session, sql: str, params: dict[str, Any], ncols: int, *, grouped: bool) -> np.ndarray:
+    """The rows of ``sql`` as a (rows, ncols) float64 array, without a Python object per value."""
+    dbapi: Any = session.connection().connection.dbapi_connection
     with dbapi.cursor(binary=True) as cur:
-        cur.execute("SET LOCAL work_mem = '32MB'")
-        cur.execute(f"SELECT {aggs} FROM ({sql}) AS q({names})")
+        if grouped:
+            # a 64-GPU day groups into ~23k rows: hashed in memory, not spilled to disk
+            cur.execute("SET LOCAL work_mem = '32MB'")
+        cur.execute(sql, params)
         got = cur.fetchone()
     if got is None or got[0] is None:
         return np.empty((0, ncols))
