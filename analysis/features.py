@@ -227,6 +227,22 @@ def hist_quantile(h: np.ndarray, q: float) -> float | None:
     return round((i + (target - before) / inside) / HIST_BINS, 4)
 
 
+_COL = {name: i for i, name in enumerate(READ_COLUMNS)}
+_AT = {name: i for i, name in enumerate(ALL_FEATURES)}
+# from_states' ratios: feature <- (numerator, denominator) state columns ...
+_RATIOS = {**{feat: (f"{feat}_sum", f"{feat}_n") for feat in MEAN_OF}, "busy_frac": ("nb", "nsm"),
+           "busy_sm": ("busy_sm_sum", "nb"), "clock_busy": ("clock_busy_sum", "ncb"), "throttle_frac": ("nthr", "nrb")}
+_RATIO_AT = [_AT[k] for k in _RATIOS]
+_RATIO_NUM = [_COL[a] for a, _ in _RATIOS.values()]
+_RATIO_DEN = [_COL[b] for _, b in _RATIOS.values()]
+# ... and the features stored as they are (maxima, minima, critical XIDs, busy samples).
+_COPIED = (*MAX_OF, *MIN_OF, "xid_crit", "nb")
+_COPY_AT = [_AT[k] for k in _COPIED]
+_COPY_FROM = [_COL[k] for k in _COPIED]
+# Every feature is set by exactly one of those, or by trans / reasons_or (from_states' vals is np.empty).
+assert sorted([*_RATIO_AT, *_COPY_AT, _AT["trans"], _AT["reasons_or"]]) == list(range(len(ALL_FEATURES)))
+
+
 def from_states(data: np.ndarray, gpu_pks: list[int]) -> MinuteFeatures:
     """MinuteFeatures from stored ingest-fold states (rows of ``READ_COLUMNS``, as
     ``storage.minute_features.read_states`` returns them), GPUs in ``gpu_pks`` order. The same
@@ -235,37 +251,32 @@ def from_states(data: np.ndarray, gpu_pks: list[int]) -> MinuteFeatures:
     g = len(gpu_pks)
     if not len(data):
         return MinuteFeatures.empty(g)
-    c = {name: data[:, i] for i, name in enumerate(READ_COLUMNS)}
-    minute = np.floor(c["bucket"] / 60.0 + 0.5).astype(np.int64)
+    col = _COL
+    minute = np.floor(data[:, col["bucket"]] / 60.0 + 0.5).astype(np.int64)
     b0 = int(minute.min())
     m_total = int(minute.max()) - b0 + 1
     order = np.asarray(gpu_pks, dtype=np.int64)
     srt = np.argsort(order, kind="stable")
-    gi = srt[np.searchsorted(order[srt], c["gpu_pk"].astype(np.int64))]
+    gi = srt[np.searchsorted(order[srt], data[:, col["gpu_pk"]].astype(np.int64))]
     mi = minute - b0
 
-    # Every feature's row values first, then one scatter into one (features, G, M) block: a
-    # job's pass costs a few large numpy calls instead of one allocation per feature.
+    # Every feature's row values in one (features, rows) array, then one scatter into one
+    # (features, G, M) block: the ratios (means, busy share, while-busy means, throttle share)
+    # in one call over all of them, the same division per element as one call each.
+    cols = data.T
+    vals = np.empty((len(ALL_FEATURES), len(data)))
     with np.errstate(invalid="ignore", divide="ignore"):
-        def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-            return np.where(den > 0, num / np.maximum(den, 1), np.nan)
-
-        v: dict[str, np.ndarray] = {feat: ratio(c[f"{feat}_sum"], c[f"{feat}_n"]) for feat in MEAN_OF}
-        for feat in (*MAX_OF, *MIN_OF):
-            v[feat] = c[feat]
-        v["busy_frac"] = ratio(c["nb"], c["nsm"])
-        v["trans"] = np.where(c["nsm"] > 1, c["trans"], np.nan)
-        v["busy_sm"] = ratio(c["busy_sm_sum"], c["nb"])
-        v["clock_busy"] = ratio(c["clock_busy_sum"], c["ncb"])
-        v["throttle_frac"] = ratio(c["nthr"], c["nrb"])
-        v["reasons_or"] = np.where(c["nrb"] > 0, c["reasons_or"], np.nan)
-        v["xid_crit"] = c["xid_crit"]
-        v["nb"] = c["nb"]
+        num, den = cols[_RATIO_NUM], cols[_RATIO_DEN]
+        vals[_RATIO_AT] = np.where(den > 0, num / np.maximum(den, 1), np.nan)
+    vals[_COPY_AT] = cols[_COPY_FROM]
+    vals[_AT["trans"]] = np.where(cols[col["nsm"]] > 1, cols[col["trans"]], np.nan)
+    vals[_AT["reasons_or"]] = np.where(cols[col["nrb"]] > 0, cols[col["reasons_or"]], np.nan)
     block = np.full((len(ALL_FEATURES), g, m_total), np.nan)
-    block[:, gi, mi] = np.stack([v[k] for k in ALL_FEATURES])
+    block[:, gi, mi] = vals
     f = {k: block[i] for i, k in enumerate(ALL_FEATURES)}
     n = np.zeros((g, m_total))
-    n[gi, mi] = c["n"]
+    n[gi, mi] = cols[col["n"]]
+    c = {"n": cols[col["n"]], "first_ts": cols[col["first_ts"]], "last_ts": cols[col["last_ts"]]}
     return MinuteFeatures(b0=b0, n=n, f=f, interval_s=state_interval(c, gi))
 
 

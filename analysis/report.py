@@ -3,6 +3,7 @@ the DB runner, the bench and the tests call)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,7 +15,7 @@ from .config import Thresholds, load_thresholds
 from .detectors import Finding, JobContext, JobView, run_detectors
 from .detectors.base import CounterMinutes, MinuteSignals
 from .features import HIST_FIELDS, MinuteFeatures, hist_quantile
-from .windows import build_windows
+from .windows import build_windows, nz
 from .workload import WorkloadClass, from_pattern
 
 MFU_BASIS = "tensor_active x peak dense bf16 (estimate)"
@@ -47,7 +48,7 @@ def _r(x: Any, nd: int = 4) -> float | None:
     if x is None:
         return None
     v = float(x)
-    return round(v, nd) if np.isfinite(v) else None
+    return round(v, nd) if math.isfinite(v) else None  # math, not numpy: a report rounds ~100 of these
 
 
 def _weighted_mean(x: np.ndarray, n: np.ndarray) -> float | None:
@@ -131,7 +132,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
         # cycle, which cannot see half-empty SMs); flagged waste caps it; no double counting.
         # Windows with no activity signal are unknown, so they are left out, not scored 0.
         target = th.general.target_sm_active
-        eff = np.where(job.from_util, np.nan_to_num(job.activity), np.nan_to_num(w.f.sm) / target)
+        eff = np.where(job.from_util, nz(job.activity), nz(w.f.sm) / target)
         useful = np.minimum(np.minimum(eff, 1.0), 1.0 - claim)
         if valid_obs > 0:
             score = round(float((useful * w.obs_s)[judged].sum()) / valid_obs, 4)
@@ -150,18 +151,19 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
         return {k: [v if h else None for v, h in zip(m[j].tolist(), have[j], strict=True)] for j, k in enumerate(names)}
 
     cols = gpu_means(("sm", "tensor", "dram", "occ", "power", "clock"), n)
-    cols.update(gpu_means(("clock_busy",), np.nan_to_num(feats.f["nb"])))
+    cols.update(gpu_means(("clock_busy",), nz(feats.f["nb"])))
     fbm = feats.f["fb_used_max"]
     fb_max = [None if v != v else v for v in np.fmax.reduce(fbm, axis=1).tolist()] if fbm.shape[1] else [None] * g
-    samples = n.sum(axis=1) if n.size else np.zeros(g)
+    samples = (n.sum(axis=1) if n.size else np.zeros(g)).tolist()
     per_gpu = []
+    sm, tensor, dram, occ, power = cols["sm"], cols["tensor"], cols["dram"], cols["occ"], cols["power"]
     for i in range(g):
         clock = cols["clock_busy"][i] if cols["clock_busy"][i] is not None else cols["clock"][i]
         per_gpu.append({
             "gpu_uuid": meta.gpu_uuids[i], "node": meta.gpu_nodes[i], "index": meta.gpu_indexes[i],
-            "sm_active_mean": _r(cols["sm"][i]), "tensor_active_mean": _r(cols["tensor"][i]),
-            "dram_active_mean": _r(cols["dram"][i]), "sm_occupancy_mean": _r(cols["occ"][i]),
-            "power_w_mean": _r(cols["power"][i], 1), "sm_clock_mhz_mean": _r(clock, 1),
+            "sm_active_mean": _r(sm[i]), "tensor_active_mean": _r(tensor[i]),
+            "dram_active_mean": _r(dram[i]), "sm_occupancy_mean": _r(occ[i]),
+            "power_w_mean": _r(power[i], 1), "sm_clock_mhz_mean": _r(clock, 1),
             "fb_used_bytes_max": _r(fb_max[i], 0), "samples": int(samples[i]),
         })
 

@@ -22,7 +22,7 @@ from gpufleet.flagkinds import flag_kinds
 
 from ..config import General, KindConfig, ModelLimits, Thresholds
 from ..features import MinuteFeatures
-from ..windows import Detection, Windows, detect, episode_mask, masked_median
+from ..windows import Detection, Windows, detect, episode_mask, masked_median, median1d, nz
 
 EventRow = tuple[float, int | None, str, int | None]  # (ts, GPU row or None, kind, code)
 
@@ -99,6 +99,11 @@ class MinuteSignals:
                    np.fmax(f["nvl_tx"], f["nvl_rx"]), np.fmax(f["ib_tx"], f["ib_rx"]))
 
 
+# Signal names (as detectors declare them) -> Coverage's field.
+_COVERAGE_OF = {"sm_active": "profiling", "tensor_active": "tensor", "dram_active": "dram", "gpu_util": "gpu_util",
+                "power_w": "power", "sm_clock_mhz": "clock", "links": "links", "fb_total_bytes": "fb_total"}
+
+
 @dataclass(frozen=True)
 class Coverage:
     """Which signals each GPU reported (G,) in the judged windows: unknown is not zero, so a
@@ -112,23 +117,26 @@ class Coverage:
     clock: np.ndarray
     links: np.ndarray  # NVLink or InfiniBand throughput
     fb_total: np.ndarray
+    _present: dict[str, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, w: Windows) -> Coverage:
         f = w.f
 
-        def has(*xs: np.ndarray) -> np.ndarray:
-            return np.any([(w.valid & ~np.isnan(x)).any(axis=1) for x in xs], axis=0)
+        def has(x: np.ndarray) -> np.ndarray:
+            return (w.valid & (x == x)).any(axis=1)  # x == x: not NaN
 
+        links = ~(np.isnan(f.nvl_tx) & np.isnan(f.nvl_rx) & np.isnan(f.ib_tx) & np.isnan(f.ib_rx))
         return cls(has(f.sm), has(f.tensor), has(f.dram), has(f.gpu_util), has(f.power), has(f.clock),
-                   has(f.nvl_tx, f.nvl_rx, f.ib_tx, f.ib_rx), has(f.fb_total))
+                   (w.valid & links).any(axis=1), has(f.fb_total))
 
     def has(self, signal: str) -> bool:
-        """Any of the job's GPUs reported ``signal`` (the names detectors declare in SIGNALS)."""
-        col = {"sm_active": self.profiling, "tensor_active": self.tensor, "dram_active": self.dram,
-               "gpu_util": self.gpu_util, "power_w": self.power, "sm_clock_mhz": self.clock, "links": self.links,
-               "fb_total_bytes": self.fb_total}[signal]
-        return bool(col.any())
+        """Any of the job's GPUs reported ``signal`` (the names detectors declare in SIGNALS;
+        each detector asks before it runs: answered once per job)."""
+        got = self._present.get(signal)
+        if got is None:
+            got = self._present[signal] = bool(getattr(self, _COVERAGE_OF[signal]).any())
+        return got
 
     def as_json(self) -> dict[str, int]:
         return {"n_gpus": len(self.profiling), "sm_active": int(self.profiling.sum()),
@@ -174,6 +182,7 @@ class JobView:
     idle: np.ndarray = field(init=False)  # (G, K)
     active: np.ndarray = field(init=False)  # (G, K) judged and not idle
     n_active: np.ndarray = field(init=False)  # (K,)
+    _medians: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         g, f = self.th.general, self.w.f
@@ -187,9 +196,11 @@ class JobView:
         self.activity = np.where(sm_ok, f.sm, f.gpu_util)
         # NVML utilisation says whether a kernel ran at all: where it is high the GPU is not
         # idle, whatever the profiling counters say (a kernel spinning on one SM is a hang).
-        idle_prof = sm_ok & (np.nan_to_num(f.sm) < g.idle_sm_active) & (
-            np.nan_to_num(f.busy_frac) <= g.idle_busy_frac) & ~(f.gpu_util >= g.idle_gpu_util)
-        idle_util = ~sm_ok & util_ok & (np.nan_to_num(f.gpu_util) < g.idle_gpu_util)
+        # (NaN compares False: where sm_active / gpu_util is NaN, sm_ok / util_ok is False; an
+        # unmeasured busy share counts as no busy samples, as 0 would.)
+        idle_prof = sm_ok & (f.sm < g.idle_sm_active) & ~(f.busy_frac > g.idle_busy_frac) & ~(
+            f.gpu_util >= g.idle_gpu_util)
+        idle_util = ~sm_ok & util_ok & (f.gpu_util < g.idle_gpu_util)
         self.idle = self.judged & (idle_prof | idle_util)
         self.active = self.judged & ~self.idle
         self.n_active = self.active.sum(axis=0)
@@ -199,12 +210,35 @@ class JobView:
     def n_gpus(self) -> int:
         return len(self.ctx.gpu_uuids)
 
+    def active_medians(self, *xs: np.ndarray) -> list[np.ndarray]:
+        """``masked_median(x, self.active)`` (K,) of each (G, K) window feature ``x``: several
+        detectors and their evidence ask for the same ones, so each is computed once per job,
+        and those asked together in one call (side by side as columns of one (G, n*K) problem:
+        a median is per column, so this is each one's arithmetic)."""
+        todo: list[np.ndarray] = []
+        for x in xs:
+            if self._cached_median(x) is None and all(x is not t for t in todo):
+                todo.append(x)
+        if len(todo) == 1:
+            self._medians[id(todo[0])] = (todo[0], masked_median(todo[0], self.active))
+        elif todo:
+            k = todo[0].shape[1]
+            big = masked_median(np.concatenate(todo, axis=1), np.tile(self.active, len(todo)))
+            for i, x in enumerate(todo):
+                self._medians[id(x)] = (x, big[i * k:(i + 1) * k])
+        return [self._medians[id(x)][1] for x in xs]
+
+    def _cached_median(self, x: np.ndarray) -> np.ndarray | None:
+        got = self._medians.get(id(x))
+        return got[1] if got is not None and got[0] is x else None  # the array itself is kept: ids stay unique
+
     def stats(self, x: np.ndarray, mask_k: np.ndarray, gpus: np.ndarray | None = None) -> float | None:
-        """Median over the flagged windows of the per-window GPU median (evidence numbers)."""
-        m = (self.active if gpus is None else gpus) & mask_k[None, :]
-        vals = masked_median(x, m)
+        """Median over the flagged windows of the per-window GPU median (evidence numbers).
+        Over the active GPUs: a window's median does not depend on the other windows, so it is
+        the active median's value in the flagged windows."""
+        vals = self.active_medians(x)[0][mask_k] if gpus is None else masked_median(x, gpus & mask_k[None, :])
         vals = vals[~np.isnan(vals)]
-        return r3(np.median(vals)) if len(vals) else None
+        return r3(median1d(vals)) if len(vals) else None
 
     def episodes(self, mask: np.ndarray, cfg: KindConfig) -> Detection | None:
         return detect(mask & self.valid_k, self.valid_k, self.window_s, cfg.min_duration_s, cfg.min_fraction)
@@ -246,7 +280,7 @@ def make_finding(job: JobView, kind: str, cfg: KindConfig, det: Detection, claim
     w = job.w
     spec = flag_kinds().get(kind)
     em = episode_mask(det, w.k)
-    claim = np.where(em[None, :] & job.judged, np.clip(np.nan_to_num(claim), 0.0, 1.0), 0.0)
+    claim = np.where(em[None, :] & job.judged, np.clip(nz(claim), 0.0, 1.0), 0.0)
     wasted = float((claim * w.obs_s).sum() / 3600.0)
     start = max(job.ctx.first_ts, w.t0(det.episodes[0].k0))
     end = min(job.ctx.last_ts, w.t1(det.episodes[-1].k1 - 1))

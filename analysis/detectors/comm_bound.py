@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, masked_median, share
+from ..windows import episode_mask, masked_median, nz, share
 from .base import Finding, Found, JobView, Signals, make_finding, r3
 
 KIND = "comm_bound"
@@ -36,16 +36,16 @@ def link_utilisation(job: JobView) -> tuple[np.ndarray, np.ndarray]:
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f, lim = job.w.f, job.ctx.limits
     nvl, ib = link_utilisation(job)
-    link = np.fmax(np.nan_to_num(nvl), np.nan_to_num(ib))
-    per_gpu = job.active & (link >= cfg.link_util_min) & (np.nan_to_num(f.sm, nan=1.0) < cfg.sm_active_max)
+    link = np.fmax(nz(nvl), nz(ib))
+    per_gpu = job.active & (link >= cfg.link_util_min) & (nz(f.sm, nan=1.0) < cfg.sm_active_max)
     det = job.episodes(job.valid_k & (job.n_active > 0) & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
     if not det:
         return []
     em = episode_mask(det, job.w.k)
     target = job.general.target_sm_active
-    claim = np.where(per_gpu, 1.0 - np.minimum(1.0, np.nan_to_num(f.sm) / target), 0.0)
+    claim = np.where(per_gpu, 1.0 - np.minimum(1.0, nz(f.sm) / target), 0.0)
     return [make_finding(job, KIND, cfg, det, claim, {
-        "nvlink_util": r3(np.nanmedian(masked_median(np.nan_to_num(nvl), job.active)[em])),
-        "ib_util": r3(np.nanmedian(masked_median(np.nan_to_num(ib), job.active)[em])),
+        "nvlink_util": r3(np.nanmedian(masked_median(nz(nvl), job.active)[em])),
+        "ib_util": r3(np.nanmedian(masked_median(nz(ib), job.active)[em])),
         "sm_active": job.stats(f.sm, em), "threshold_link_util": cfg.link_util_min,
         "link_capacity_bytes_s": {"nvlink": lim.nvlink_bytes_s, "ib": lim.ib_bytes_s}})]

@@ -19,6 +19,7 @@ from gpufleet.flagkinds import flag_kinds
 
 from ..config import KindConfig
 from ..windows import detect as find_episodes
+from ..windows import median1d
 from .base import Finding, Found, JobView, Signals, confidence, r3
 
 KIND = "hung"
@@ -82,7 +83,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
 
     def med(x: np.ndarray) -> float | None:
         v = x[gpu_m & ~np.isnan(x)]
-        return r3(np.median(v)) if len(v) else None
+        return r3(median1d(v)) if len(v) else None
 
     lim = job.ctx.limits
     link = None

@@ -89,11 +89,13 @@ def _counter_hits(c: CounterMinutes, cfg: Config) -> list[tuple[int, str, int, i
     g = c.xid_crit.shape[0]
     found: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []  # key, (G,) hit, first minute, value
     hit_x = c.xid_crit > 0  # NaN compares False: an unmeasured minute is no XID
-    first_x = hit_x.argmax(axis=1)
-    xid_at_first = np.take_along_axis(c.xid_crit, first_x[:, None], axis=1)[:, 0]
-    found.append(("xid", np.asarray(hit_x.any(axis=1)), first_x, xid_at_first))
+    if hit_x.any():  # (a key no GPU hit adds nothing below: the usual case skips its argmax)
+        first_x = hit_x.argmax(axis=1)
+        xid_at_first = np.take_along_axis(c.xid_crit, first_x[:, None], axis=1)[:, 0]
+        found.append(("xid", np.asarray(hit_x.any(axis=1)), first_x, xid_at_first))
     hit_r = c.remap_max >= 1
-    found.append(("row_remap_failure", np.asarray(hit_r.any(axis=1)), hit_r.argmax(axis=1), np.ones(g)))
+    if hit_r.any():
+        found.append(("row_remap_failure", np.asarray(hit_r.any(axis=1)), hit_r.argmax(axis=1), np.ones(g)))
     for key, hi, lo, need in (("ecc_dbe_new", c.ecc_max, c.ecc_min, 1.0),
                               ("nvlink_errors_new", c.nvl_err_max, c.nvl_err_min, cfg.nvlink_errors_min),
                               ("pcie_replays_new", c.replay_max, c.replay_min, cfg.pcie_replays_min)):
@@ -117,6 +119,6 @@ def _counter_hits(c: CounterMinutes, cfg: Config) -> list[tuple[int, str, int, i
             over = (series - base[:, None]) >= need
         found.append((key, have & over.any(axis=1), over.argmax(axis=1), series[:, -1] - base))
     out: list[tuple[int, str, int, int]] = []
-    for i in np.flatnonzero(np.any([f[1] for f in found], axis=0)):
+    for i in np.flatnonzero(np.any([f[1] for f in found], axis=0)) if found else ():
         out += [(int(i), key, int(value[i]), int(first[i])) for key, hit, first, value in found if hit[i]]
     return out

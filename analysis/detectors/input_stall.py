@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, share
+from ..windows import episode_mask, nz, share
 from .base import Finding, Found, JobView, Signals, make_finding, r3
 
 KIND = "input_stall"
@@ -31,13 +31,14 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f = job.w.f
     bf = f.busy_frac
     per_gpu = (job.active & (bf >= cfg.busy_frac_min) & (bf <= cfg.busy_frac_max)
-               & (np.nan_to_num(f.trans_rate) >= cfg.transitions_per_min_min)
-               & (np.nan_to_num(f.busy_sm) >= cfg.busy_sm_active_min))
+               & (nz(f.trans_rate) >= cfg.transitions_per_min_min)
+               & (nz(f.busy_sm) >= cfg.busy_sm_active_min))
     det = job.episodes(job.valid_k & (job.n_active > 0) & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
     if not det:
         return []
     em = episode_mask(det, job.w.k)
-    claim = np.where(per_gpu, 1.0 - np.nan_to_num(bf), 0.0)
+    job.active_medians(f.trans_rate, f.busy_frac, f.busy_sm, f.sm)  # the evidence's, in one call
+    claim = np.where(per_gpu, 1.0 - nz(bf), 0.0)
     tr = job.stats(f.trans_rate, em)
     return [make_finding(job, KIND, cfg, det, claim, {
         "busy_fraction": job.stats(f.busy_frac, em), "sm_active_when_busy": job.stats(f.busy_sm, em),

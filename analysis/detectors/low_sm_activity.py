@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, episodes, masked_median
+from ..windows import episode_mask, episodes, nz
 from .base import Finding, Found, JobView, Signals, make_finding
 
 KIND = "low_sm_activity"
@@ -36,8 +36,9 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     # Per window: the active GPUs' median; a window where every GPU idles counts as 0, so a
     # bursty job whose coarse samples land between bursts (idle windows interleaved with
     # light ones) is still one low-duty episode. Long idle stretches are idle_gpu's.
-    prof = job.active & ~job.from_util
-    med = np.where(job.n_active > 0, masked_median(f.sm, prof), 0.0)
+    # (Over the active GPUs judged from profiling metrics: the others' sm_active is NaN, which
+    # masked_median leaves out anyway, so this is the median over the active GPUs.)
+    med = np.where(job.n_active > 0, job.active_medians(f.sm)[0], 0.0)
     explained = found.explained(job.w.k, *EXPLAINED_BY)
     mask = job.valid_k & (med < cfg.sm_active_max) & ~explained
     # ... but a stretch that is idle nearly throughout is idleness, not half-empty SMs: keep
@@ -52,8 +53,9 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     if not det:
         return []
     em = episode_mask(det, job.w.k)
+    job.active_medians(f.sm, f.occ, f.gpu_util, f.busy_frac)  # the evidence's, in one call
     claim = np.where(job.judged & ~job.from_util,
-                     1.0 - np.minimum(1.0, np.nan_to_num(f.sm) / job.general.target_sm_active), 0.0)
+                     1.0 - np.minimum(1.0, nz(f.sm) / job.general.target_sm_active), 0.0)
     return [make_finding(job, KIND, cfg, det, claim, {
         "sm_active": job.stats(f.sm, em), "sm_occupancy": job.stats(f.occ, em),
         "gpu_util": job.stats(f.gpu_util, em), "busy_fraction": job.stats(f.busy_frac, em),

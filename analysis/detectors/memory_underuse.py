@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, masked_median
+from ..windows import episode_mask, nz
 from .base import Finding, Found, JobView, Signals, make_finding, r3
 
 KIND = "memory_underuse"
@@ -28,7 +28,7 @@ class Config(KindConfig):
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f = job.w.f
-    med_sm = masked_median(job.activity, job.active)  # gpu_util (an upper bound) without profiling
+    med_sm = job.active_medians(job.activity)[0]  # gpu_util (an upper bound) without profiling
     with np.errstate(invalid="ignore", divide="ignore"):
         used_share = np.where(job.active & (f.fb_total > 0), f.fb_used_max / f.fb_total, np.nan)
     share_max = np.fmax.reduce(used_share, axis=0) if used_share.shape[0] else np.full(job.w.k, np.nan)
@@ -39,7 +39,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     em = episode_mask(det, job.w.k)
     fb = np.where(job.active & em[None, :], f.fb_used_max, np.nan)
     total = np.where(job.active & em[None, :], f.fb_total, np.nan)
-    claim = np.where(job.active, 1.0 - np.minimum(1.0, np.nan_to_num(job.activity) / job.general.target_sm_active),
+    claim = np.where(job.active, 1.0 - np.minimum(1.0, nz(job.activity) / job.general.target_sm_active),
                      0.0)
     return [make_finding(job, KIND, cfg, det, claim, {
         "fb_used_max_gib": r3(np.nanmax(fb) / 2**30, 2), "fb_total_gib": r3(np.nanmax(total) / 2**30, 1),

@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, masked_median
+from ..windows import episode_mask, nz
 from .base import Finding, Found, JobView, Signals, make_finding
 
 KIND = "no_tensor_cores"
@@ -33,17 +33,14 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     if job.ctx.workload_class == "hpc":
         return []  # simulation codes (MD, CFD, lattice) mostly have no tensor-core path to enable
     f = job.w.f
-    med_t = masked_median(f.tensor, job.active)
-    med_sm = masked_median(f.sm, job.active)
-    med_fp64 = masked_median(f.fp64, job.active)
-    med_dram = masked_median(f.dram, job.active)
+    med_t, med_sm, med_fp64, med_dram = job.active_medians(f.tensor, f.sm, f.fp64, f.dram)
     mask = (job.valid_k & (job.n_active > 0) & (med_t < cfg.tensor_active_max) & (med_sm >= cfg.sm_active_min)
             & ~(med_fp64 >= cfg.fp64_active_max) & ~(med_dram >= cfg.dram_active_max))
     det = job.episodes(mask, cfg)
     if not det:
         return []
     em = episode_mask(det, job.w.k)
-    claim = np.where(job.active, cfg.waste_fraction * np.minimum(1.0, np.nan_to_num(f.sm)), 0.0)
+    claim = np.where(job.active, cfg.waste_fraction * np.minimum(1.0, nz(f.sm)), 0.0)
     return [make_finding(job, KIND, cfg, det, claim, {
         "tensor_active": job.stats(f.tensor, em), "sm_active": job.stats(f.sm, em),
         "fp32_active": job.stats(f.fp32, em), "fp64_active": job.stats(f.fp64, em),

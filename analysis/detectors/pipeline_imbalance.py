@@ -11,6 +11,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
+from ..windows import nz
 from .base import Finding, Found, JobView, Signals, make_finding
 from .straggler import Config as StragglerConfig
 from .straggler import deviants, med_over
@@ -32,12 +33,12 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
         with np.errstate(invalid="ignore", divide="ignore"):
             gap = d.s_sm - d.p_sm
             wait = np.clip(1.0 - d.p_sm / d.s_sm, 0.0, 1.0)  # (K,) the lighter stages' waiting share
-        mask = d.em & (np.nan_to_num(gap) >= cfg.min_sm_gap)
+        mask = d.em & (nz(gap) >= cfg.min_sm_gap)
         det = job.episodes(mask, cfg)
         if not det:
             continue
         em = mask
-        claim = np.where(d.peers, np.nan_to_num(wait)[None, :], 0.0)
+        claim = np.where(d.peers, nz(wait)[None, :], 0.0)
         out.append(make_finding(job, KIND, cfg, det, claim, {
             "busiest_gpus": [u for u, r in zip(job.ctx.gpu_uuids, d.rows, strict=True) if r][:16],
             "sm_active_busiest": med_over(d.s_sm, em), "sm_active_others": med_over(d.p_sm, em),

@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import Detection, episode_mask, masked_median, share
+from ..windows import Detection, episode_mask, masked_median, median1d, nz, share
 from .base import Finding, Found, JobView, Signals, make_finding, r3
 from .hw_fault import Config as FaultConfig
 
@@ -35,7 +35,7 @@ class Config(KindConfig):
 def _ref_mad(x: np.ndarray, peers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ref = masked_median(x, peers)
     mad = 1.4826 * masked_median(np.abs(x - ref[None, :]), peers)
-    return ref, np.nan_to_num(mad)
+    return ref, nz(mad)
 
 
 @dataclass
@@ -61,7 +61,7 @@ def _errors(job: JobView, rows: np.ndarray) -> bool:
     has its own baseline."""
     c, need_nvl = job.counters, job.th.get(FaultConfig).nvlink_errors_min
     for i in np.flatnonzero(rows):
-        if np.nan_to_num(c.xid_crit[i]).any() or np.nan_to_num(c.remap_max[i]).any():
+        if nz(c.xid_crit[i]).any() or nz(c.remap_max[i]).any():
             return True
         for hi, lo, need in ((c.ecc_max[i], c.ecc_min[i], 1.0), (c.nvl_err_max[i], c.nvl_err_min[i], need_nvl)):
             if np.any(~np.isnan(hi)) and np.any(~np.isnan(lo)) and np.nanmax(hi) - np.nanmin(lo) >= need:
@@ -95,7 +95,7 @@ def _deviants(job: JobView, cfg: Config) -> list[Deviant]:
 
     def deviates(x: np.ndarray, ref: np.ndarray, mad: np.ndarray, sign: float, floor: float) -> np.ndarray:
         d = sign * (x - ref)
-        return np.nan_to_num(d) >= np.maximum(z * mad, np.maximum(rel * np.abs(ref), floor))
+        return nz(d) >= np.maximum(z * mad, np.maximum(rel * np.abs(ref), floor))
 
     # GPU level: against the median of all active GPUs.
     ref_c, mad_c = _ref_mad(clock, act)
@@ -155,7 +155,7 @@ def _deviants(job: JobView, cfg: Config) -> list[Deviant]:
         sig = []
         with np.errstate(invalid="ignore", divide="ignore"):
             deficit = np.nanmedian(np.where(em, 1.0 - s_ck / p_ck, np.nan)) if np.any(em & ~np.isnan(s_ck)) else 0.0
-        if np.nan_to_num(deficit) >= rel:
+        if nz(deficit) >= rel:
             sig.append("clock_deficit")
         thr_s = job.stats(f.throttle_frac, em, slow_rows)
         thr_p = job.stats(f.throttle_frac, em, peers)
@@ -169,7 +169,7 @@ def _deviants(job: JobView, cfg: Config) -> list[Deviant]:
 
 def med_over(x: np.ndarray, em: np.ndarray) -> float | None:
     v = x[em & ~np.isnan(x)]
-    return r3(np.median(v)) if len(v) else None
+    return r3(median1d(v)) if len(v) else None
 
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
@@ -180,7 +180,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
         with np.errstate(invalid="ignore", divide="ignore"):
             wait_sm = np.clip(1.0 - d.p_sm / d.s_sm, 0.0, 1.0)
             wait_ck = np.clip(1.0 - d.s_ck / d.p_ck, 0.0, 1.0)
-        wait = np.fmax(np.nan_to_num(wait_sm), np.nan_to_num(wait_ck))  # (K,) share of peer time spent waiting
+        wait = np.fmax(nz(wait_sm), nz(wait_ck))  # (K,) share of peer time spent waiting
         claim = np.where(d.peers, wait[None, :], 0.0)
         em = d.em
         out.append(make_finding(job, KIND, cfg, d.det, claim, {

@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, share
+from ..windows import episode_mask, nz, share
 from .base import Finding, Found, JobView, Signals, make_finding
 from .straggler import Config as StragglerConfig
 
@@ -51,8 +51,8 @@ class Config(KindConfig):
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f, lim = job.w.f, job.ctx.limits
     ratio = f.clock_busy / lim.max_sm_clock_mhz
-    per_gpu = job.active & (np.nan_to_num(ratio, nan=1.0) < cfg.clock_ratio_max) & (
-        np.nan_to_num(f.throttle_frac) >= cfg.throttle_frac_min)
+    per_gpu = job.active & (nz(ratio, nan=1.0) < cfg.clock_ratio_max) & (
+        nz(f.throttle_frac) >= cfg.throttle_frac_min)
     min_peers = job.th.get(StragglerConfig).min_gpus
     sh = share(per_gpu, job.active)
     # Few GPUs: no peers to compare, any throttled GPU is the job's problem.
@@ -61,7 +61,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     if not det:
         return []
     em = episode_mask(det, job.w.k)
-    claim = np.where(per_gpu, 1.0 - np.minimum(1.0, np.nan_to_num(ratio, nan=1.0)), 0.0)
+    claim = np.where(per_gpu, 1.0 - np.minimum(1.0, nz(ratio, nan=1.0)), 0.0)
     cause, seen = measured_cause(f.throttle_reasons[per_gpu & em[None, :]])
     return [make_finding(job, KIND, cfg, det, claim, {
         "sm_clock_mhz": job.stats(f.clock_busy, em, per_gpu), "max_sm_clock_mhz": lim.max_sm_clock_mhz,
