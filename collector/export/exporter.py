@@ -10,6 +10,7 @@ counted (``reason="rejected"``) instead of blocking the queue forever."""
 
 from __future__ import annotations
 
+import http.client
 import logging
 import random
 import threading
@@ -20,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 from gpufleet.collector.remote_write import wire
 
 from .encode import LABELS, Encoder, RowSource
+from .poster import Poster
 from .spool import Item, Spool
 
 log = logging.getLogger(__name__)
@@ -102,15 +103,17 @@ def merged_sources(preps: Sequence[Any]) -> list[RowSource]:
 
 
 class Exporter:
-    def __init__(self, settings: ExportSettings, queue_dir: Path, client: httpx.Client | None = None) -> None:
+    def __init__(self, settings: ExportSettings, queue_dir: Path) -> None:
         if not settings.url:
             raise ValueError("export needs GPUFLEET_EXPORT_URL")
         self.settings = settings
         self.encoder = Encoder(settings.fields, settings.labels)
         self.spool = Spool(queue_dir, settings.queue_bytes)
-        self.client = client or httpx.Client(timeout=settings.timeout_s)
+        self.poster = Poster(settings.url, settings.timeout_s)
         self._pending: deque[Any] = deque()
         self._pending_rows = 0
+        # rows that fill a body: every exported field is a sample per row (fewer when NaN)
+        self._full_rows = max(1, settings.max_samples_per_send // max(1, len(self.encoder.fields)))
         self._cv = threading.Condition()
         self._stop = threading.Event()
         self.dropped: Counter[str] = Counter()  # samples (rows for "busy") by reason
@@ -133,7 +136,7 @@ class Exporter:
         for t in self._threads:
             t.join(timeout)
         self.spool.close()
-        self.client.close()
+        self.poster.close()
 
     # --- writer side -------------------------------------------------------------------
 
@@ -148,14 +151,23 @@ class Exporter:
                 return
             self._pending.extend(preps)
             self._pending_rows += rows
-            self._cv.notify()
+            if self._pending_rows >= self._full_rows:  # a full body's worth: wake the encoder now
+                self._cv.notify()
 
     # --- encoder thread ----------------------------------------------------------------
 
     def _take(self) -> list[Any]:
+        """What is pending once there is a full body's worth or ``flush_s`` has passed: the
+        costs of a body (an encoder pass, a snappy call, a queue file, an HTTP request) are
+        per body, so filling bodies (as Prometheus' batch_send_deadline does) makes them
+        cheaper per sample than encoding every group commit on its own."""
+        deadline = time.monotonic() + self.settings.flush_s
         with self._cv:
-            if not self._pending and not self._stop.is_set():
-                self._cv.wait(self.settings.flush_s)
+            while self._pending_rows < self._full_rows and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
             out = list(self._pending)
             self._pending.clear()
             self._pending_rows = 0
@@ -174,21 +186,24 @@ class Exporter:
                 return
 
     def _encode(self, preps: list[Any]) -> None:
-        limit = self.settings.max_samples_per_send
-        parts: list[bytes] = []
-        count = 0
+        """One body per ``max_samples_per_send`` (counted as rows x exported fields: NaN
+        makes a body smaller, never larger), each encoded in one pass over its sources."""
+        limit = self._full_rows
+        chunk: list[RowSource] = []
+        rows = 0
         for src in merged_sources(preps):
-            series, n = self.encoder.series(src)
-            parts.extend(series)
-            count += n
-            if count >= limit:
-                self._put(parts, count)
-                parts, count = [], 0
-        if parts:
-            self._put(parts, count)
+            chunk.append(src)
+            rows += len(src.ts)
+            if rows >= limit:
+                self._put(chunk)
+                chunk, rows = [], 0
+        if chunk:
+            self._put(chunk)
 
-    def _put(self, parts: list[bytes], count: int) -> None:
-        self.spool.put(wire.snappy(b"".join(parts)), count)
+    def _put(self, srcs: list[RowSource]) -> None:
+        raw, count = self.encoder.encode(srcs)
+        if count:
+            self.spool.put(wire.snappy(raw), count)
 
     # --- sender thread -----------------------------------------------------------------
 
@@ -220,8 +235,8 @@ class Exporter:
         if self.settings.token:
             headers["Authorization"] = f"Bearer {self.settings.token}"
         try:
-            r = self.client.post(self.settings.url, content=body, headers=headers)
-        except httpx.HTTPError as e:
+            r = self.poster.post(body, headers)
+        except (OSError, http.client.HTTPException) as e:
             log.warning("export to %s: %s (retrying; %d bodies queued)", self.settings.url, e, self.spool.depth[0])
             return 0.0
         if r.is_success:
@@ -230,14 +245,14 @@ class Exporter:
             self.sent_bodies += 1
             self.last_success = time.time()
             return None
-        if r.status_code == 429 or r.status_code >= 500:
-            log.warning("export to %s: HTTP %d (retrying)", self.settings.url, r.status_code)
+        if r.status == 429 or r.status >= 500:
+            log.warning("export to %s: HTTP %d (retrying)", self.settings.url, r.status)
             try:
-                return float(r.headers.get("retry-after", "0"))
+                return float(r.retry_after or "0")
             except ValueError:
                 return 0.0
         log.error("export to %s refused a body of %d samples for good: HTTP %d %s", self.settings.url, item.samples,
-                  r.status_code, r.text[:300])
+                  r.status, r.text)
         self.dropped["rejected"] += item.samples
         self.spool.done(item)
         return None

@@ -1,0 +1,355 @@
+#!/usr/bin/env python
+"""What the remote-write export costs ingest (issue 17: "< 10% ingest throughput lost with
+export on"), references measured side by side in the same run.
+
+Ingest load: bench/ingest's protocol ingest (`wrk`, 80-row batches, every catalog field,
+`gpufleet serve --workers N`, PostgreSQL). Each round runs it three times, order rotated per
+round: export off; export on to a *sink* (a minimal remote-write receiver in its own process:
+it reads and acknowledges each body and decodes one in --decode-every to count samples, so its
+own cost is near zero and what ingest loses is the export path's cost); export on to Debian's
+victoria-metrics on the same box (the realistic receiver, which also proves the samples arrive:
+counted with PromQL). Reported per round: ingest rows/s on / off, collector CPU per request
+(all its processes, export threads included), and the receivers' CPU.
+
+On a production deployment the receiver is another host, so the sink configuration answers the
+issue's question; with VictoriaMetrics on the same 2 cores its ingest of the exported samples
+(~0.6 us each) is taken from gpufleet's ingest too, and the ratio measures it as much as the
+export.
+
+``--micro``: the export path alone, in-process: the Exporter is offered the bench's prepared
+batches as the writer offers them (one group commit at a time) and posts to a sink; the figure
+is this process's CPU (encoder + sender threads, snappy, queue files, HTTP) per exported sample,
+min of --repeat. With ``--ref DIR`` (an older tree importable as ``gpufleet``, docs/benchmarks.md)
+the old and the new code run alternately in child processes, A/B in the same run.
+
+Run:  .venv/bin/python bench/remote_write/export_cost.py [--repeat 3] [--receivers sink,vm]
+      .venv/bin/python bench/remote_write/export_cost.py --micro --repeat 7 [--ref /tmp/old]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+if "--micro-child" in sys.argv:  # the tree under test (PYTHONPATH) is gpufleet before run.py puts the repo first
+    import gpufleet.collector.export.exporter  # noqa: F401
+sys.path.insert(0, str(HERE))
+from run import _ib, ratio, vm_samples  # noqa: E402  (bench/remote_write/run.py: ingest helpers)
+
+PY = sys.executable
+
+
+# --- the sink receiver (its own process) -------------------------------------------------
+
+class SinkStats:
+    def __init__(self) -> None:
+        self.bodies = self.bytes = self.decoded_bodies = self.decoded_samples = self.bad = 0
+
+
+async def _sink_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, st: SinkStats,
+                     every: int) -> None:
+    from gpufleet.collector.remote_write import wire
+
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            line, *hdrs = head.decode("latin-1").split("\r\n")
+            length = 0
+            for h in hdrs:
+                k, _, v = h.partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v)
+            body = await reader.readexactly(length) if length else b""
+            if line.startswith("GET /stats"):
+                cpu = time.process_time()
+                out = json.dumps({**vars(st), "cpu_s": cpu}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(out), out))
+            else:
+                st.bodies += 1
+                st.bytes += len(body)
+                if st.bodies % every == 1 or every == 1:  # a sampled fraction, decoded: proves the bodies parse
+                    try:
+                        req = wire.decode(wire.unsnappy(body, max_size=1 << 30))
+                        st.decoded_samples += sum(len(s.samples) for s in req.series)
+                        st.decoded_bodies += 1
+                    except Exception:
+                        st.bad += 1
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+def serve_sink(port: int, every: int) -> None:
+    st = SinkStats()
+
+    async def main() -> None:
+        srv = await asyncio.start_server(lambda r, w: _sink_conn(r, w, st, every), "127.0.0.1", port)
+        async with srv:
+            await srv.serve_forever()
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def sink(tmp: Path, every: int) -> Iterator[int]:
+    port = _ib.free_port()
+    p = _ib.Proc([PY, str(Path(__file__).resolve()), "--serve-sink", str(port), "--decode-every", str(every)],
+                 None, tmp / f"sink-{port}.log")
+    try:
+        _ib.wait_port(port)
+        yield port
+    finally:
+        p.stop()
+
+
+def sink_stats(port: int) -> dict[str, Any]:
+    s: dict[str, Any] = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=30).json()
+    s["samples_est"] = (s["decoded_samples"] * s["bodies"] / s["decoded_bodies"]) if s["decoded_bodies"] else 0
+    return s
+
+
+def vm_cpu_s(port: int) -> float:
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text.splitlines():
+        if line.startswith("process_cpu_seconds_total"):
+            return float(line.split()[-1])
+    return float("nan")
+
+
+# --- one ingest run ----------------------------------------------------------------------
+
+def ingest(mode: str, url: str, tools: dict[str, Any], proto: Path, tpl: Any, args: Any, tmp: Path,
+           rx_port: int | None) -> dict[str, Any]:
+    """Warm-up, a measured `wrk` run, then (export on) wait for the queue to drain at the receiver."""
+    from gpufleet.catalog import CATALOG
+    from gpufleet.storage.migrate import upgrade
+
+    upgrade(url)
+    env = {"GPUFLEET_EXPORT_URL": f"http://127.0.0.1:{rx_port}/api/v1/write" if rx_port else "",
+           "GPUFLEET_EXPORT_QUEUE_DIR": tempfile.mkdtemp(prefix="xq-", dir=tmp)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    rx_cpu = (lambda: sink_stats(rx_port)["cpu_s"]) if mode == "sink" else \
+        (lambda: vm_cpu_s(rx_port)) if mode == "vm" else (lambda: 0.0)  # type: ignore[arg-type]
+    try:
+        with _ib.collector(url, args.workers, tmp) as (port, sid):
+            _ib.log(f"{mode}: warm-up")
+            w0 = _ib.run_wrk(tools["wrk"], port, proto, "/api/v1/ingest", "application/msgpack", conns=args.conns,
+                             seconds=args.warmup, threads=args.wrk_threads, placeholder=_ib.PLACEHOLDER)
+            _ib.log(f"{mode}: measuring {args.duration:.0f} s")
+            cpu0, rx0 = _ib.session_cpu_s(sid), rx_cpu()
+            w = _ib.run_wrk(tools["wrk"], port, proto, "/api/v1/ingest", "application/msgpack", conns=args.conns,
+                            seconds=args.duration, threads=args.wrk_threads, placeholder=_ib.PLACEHOLDER)
+            cpu, rx = _ib.session_cpu_s(sid) - cpu0, rx_cpu() - rx0
+            # every request's key is distinct: each 200 is a newly stored batch (warm-up included)
+            acked = (int(w0["status"].get("200", 0)) + int(w["status"].get("200", 0))) * tpl.rows_per_batch
+            want = acked * len(CATALOG.names)
+            arrived: float | None = None
+            drain_s = None
+            if rx_port:
+                t0, deadline = time.time(), time.time() + 120
+                while time.time() < deadline:
+                    arrived = sink_stats(rx_port)["samples_est"] if mode == "sink" else vm_samples(rx_port)
+                    if arrived >= want * 0.98:
+                        drain_s = time.time() - t0
+                        break
+                    time.sleep(1)
+            stored = _ib.count_rows(url)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    ok = int(w["status"].get("200", 0))
+    elapsed = w["duration_us"] / 1e6
+    return {"mode": mode, "requests_ok": ok, "rows_s": ok * tpl.rows_per_batch / elapsed, "db_rows": stored,
+            "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3, "cpu_ms_per_req": 1e3 * cpu / max(ok, 1),
+            "receiver_cpu_ms_per_req": 1e3 * rx / max(ok, 1), "arrived_samples": arrived,
+            "stored_field_samples": want, "drain_s": drain_s}
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def main_ingest(args: Any) -> int:
+    tools = _ib.locate_tools()
+    receivers = [r for r in args.receivers.split(",") if r]
+    if not tools["wrk"] or ("vm" in receivers and not tools["victoria-metrics"]):
+        _ib.log("needs wrk (and victoria-metrics for --receivers vm): apt-get install wrk victoria-metrics")
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-exportcost-"))
+    res: dict[str, Any] = {"args": vars(args), "cpus": os.cpu_count(), "rounds": [],
+                           "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load": [loadavg()]}
+    tpl = _ib.Templates(args.conns, time.time(), windows=6)
+    proto = tmp / "proto.bin"
+    tpl.write_protocol(proto)
+    modes = ["off", *receivers]
+    for k in range(args.repeat):
+        r: dict[str, Any] = {"load": loadavg()}
+        for mode in modes[k % len(modes):] + modes[:k % len(modes)]:  # rotated: no side always runs first
+            with contextlib.ExitStack() as st:
+                port = None
+                if mode == "sink":
+                    port = st.enter_context(sink(tmp, args.decode_every))
+                elif mode == "vm":
+                    port = st.enter_context(_ib.victoria(tools["victoria-metrics"], tmp))
+                url = st.enter_context(_ib.throwaway_db(args.pg_admin, f"x{mode}{k}"))
+                r[mode] = ingest(mode, url, tools, proto, tpl, args, tmp, port)
+        for m in receivers:
+            r[f"ratio_{m}"] = ratio(r[m]["rows_s"], r["off"]["rows_s"])
+        res["rounds"].append(r)
+        _ib.log(f"round {k + 1} (load {r['load']}): " + ", ".join(f"{m} {r[f'ratio_{m}']:.2f}" for m in receivers))
+    res["load"].append(loadavg())
+    report(res, receivers)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+def report(res: dict[str, Any], receivers: list[str]) -> None:
+    a = res["args"]
+    print(f"\n## export cost ({res['started']}, {res['cpus']} CPUs, {a['conns']} connections, {a['workers']} "
+          f"workers, {a['duration']:.0f} s runs, load average {res['load'][0]} -> {res['load'][-1]})\n")
+    print("| round | load | export off rows/s | " + " | ".join(f"on ({m}) rows/s | ratio" for m in receivers)
+          + " | collector CPU ms/req off / " + " / ".join(receivers) + " | receiver CPU ms/req "
+          + " / ".join(receivers) + " | arrived / stored samples " + " / ".join(receivers) + " |")
+    print("|---" * (4 + 2 * len(receivers) + 2) + "|")
+    for i, r in enumerate(res["rounds"], 1):
+        cells = [str(i), r["load"], f"{r['off']['rows_s']:,.0f}"]
+        for m in receivers:
+            cells += [f"{r[m]['rows_s']:,.0f}", f"{r[f'ratio_{m}']:.3f}"]
+        cells.append(" / ".join(f"{r[m]['cpu_ms_per_req']:.2f}" for m in ["off", *receivers]))
+        cells.append(" / ".join(f"{r[m]['receiver_cpu_ms_per_req']:.2f}" for m in receivers))
+        cells.append(" ; ".join(f"{(r[m]['arrived_samples'] or 0):,.0f} / {r[m]['stored_field_samples']:,}"
+                                for m in receivers))
+        print("| " + " | ".join(cells) + " |")
+    for m in receivers:
+        xs = [r[f"ratio_{m}"] for r in res["rounds"] if r[f"ratio_{m}"] == r[f"ratio_{m}"]]
+        cpu = [r[m]["cpu_ms_per_req"] / r["off"]["cpu_ms_per_req"] for r in res["rounds"]]
+        if xs:
+            print(f"\nexport on ({m}): median ingest ratio {statistics.median(xs):.3f} "
+                  f"({100 * (1 - statistics.median(xs)):.1f}% lost), median collector CPU per request on/off "
+                  f"{statistics.median(cpu):.3f}")
+    last = res["rounds"][-1]
+    for m in ["off", *receivers]:
+        x = last[m]
+        print(f"- {m}: p50 {x['p50_ms']:.1f} ms, p99 {x['p99_ms']:.1f} ms, drained in {x['drain_s']} s")
+
+
+# --- in-process: the export path alone -----------------------------------------------------
+
+def micro_child(args: Any) -> None:
+    """One measurement, printed as JSON: CPU of this process per exported sample while an
+    Exporter encodes and sends the bench's batches, offered one group commit at a time."""
+    from gpufleet.collector.columns import prepare
+    from gpufleet.collector.export.exporter import Exporter, ExportSettings
+
+    tpl = _ib.Templates(args.conns, time.time(), windows=6)
+    preps = [prepare(b) for b in tpl.batches]
+    group = args.group
+    commits = [preps[i:i + group] for i in range(0, len(preps), group)]
+    q = Path(tempfile.mkdtemp(prefix="xq-", dir=args.tmp))
+    ex = Exporter(ExportSettings(url=f"http://127.0.0.1:{args.sink_port}/api/v1/write", flush_s=args.flush_s), q)
+    ex.start()
+    want = sum(p.n for p in preps) * len(ex.encoder.fields)
+    out = []
+    for k in range(args.inner + 1):  # pass 0 warms the label cache, as a running collector's is
+        sent0, bodies0 = ex.sent_samples, ex.sent_bodies
+        t0, c0 = time.perf_counter(), time.process_time()
+        for c in commits:  # the writer's pace: a commit every few ms, the encoder batching what piled up
+            ex.offer(c)
+            time.sleep(args.commit_gap_s)
+        while ex.sent_samples - sent0 < want and time.perf_counter() - t0 < 120:
+            time.sleep(0.02)
+        cpu = time.process_time() - c0
+        if k:
+            out.append({"us_per_sample": 1e6 * cpu / want, "samples": want, "sent": ex.sent_samples - sent0,
+                        "bodies": ex.sent_bodies - bodies0})
+    ex.stop()
+    print("MICRO " + json.dumps(out))
+
+
+def main_micro(args: Any) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-exportmicro-"))
+    trees = [("new", None)] + ([("ref", args.ref)] if args.ref else [])
+    got: dict[str, list[float]] = {n: [] for n, _ in trees}
+    load0 = loadavg()
+    with sink(tmp, args.decode_every) as port:
+        for k in range(args.repeat):
+            for name, tree in (trees if k % 2 == 0 else trees[::-1]):  # A/B interleaved
+                env = {**os.environ, "PYTHONPATH": str(tree) if tree else str(HERE.parents[1])}
+                cmd = [PY, str(Path(__file__).resolve()), "--micro-child", "--sink-port", str(port), "--tmp", str(tmp),
+                       "--conns", str(args.conns), "--group", str(args.group), "--inner", str(args.inner)]
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+                line = [x for x in p.stdout.splitlines() if x.startswith("MICRO ")]
+                if not line:
+                    raise RuntimeError(p.stdout[-2000:] + p.stderr[-2000:])
+                runs = json.loads(line[0][6:])
+                got[name] += [x["us_per_sample"] for x in runs]
+                assert all(x["sent"] == x["samples"] for x in runs), runs
+        st = sink_stats(port)
+    print(f"\n## export path in-process ({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average "
+          f"{load0} -> {loadavg()}, {args.repeat} x {args.inner} runs, {args.conns * 6} batches of 80 rows x every "
+          f"field, {args.group} batches per commit)\n")
+    for name, xs in got.items():
+        print(f"- {name}: CPU per exported sample min {min(xs):.4f} us, median {statistics.median(xs):.4f} us")
+    if args.ref:
+        print(f"- ref / new (min): {min(got['ref']) / min(got['new']):.2f}x")
+    print(f"- sink: {st['bodies']} bodies, {st['decoded_bodies']} decoded, {st['bad']} undecodable")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (ingest) / A-B pairs (--micro)")
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds per measured ingest run")
+    ap.add_argument("--warmup", type=float, default=4.0)
+    ap.add_argument("--conns", type=int, default=16, help="wrk connections (simulated nodes: 6 batches each)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--wrk-threads", type=int, default=2)
+    ap.add_argument("--receivers", default="sink,vm", help="comma list of sink, vm")
+    ap.add_argument("--decode-every", type=int, default=20, help="the sink decodes one body in N")
+    ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--micro", action="store_true", help="the export path alone, in-process (see above)")
+    ap.add_argument("--ref", type=Path, default=None, help="--micro: an older tree importable as gpufleet")
+    ap.add_argument("--group", type=int, default=4, help="--micro: batches per group commit")
+    ap.add_argument("--inner", type=int, default=3, help="--micro: runs per child process")
+    ap.add_argument("--serve-sink", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--micro-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sink-port", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--tmp", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--flush-s", type=float, default=1.0, help=argparse.SUPPRESS)
+    ap.add_argument("--commit-gap-s", type=float, default=0.01, help="--micro: seconds between commits")
+    args = ap.parse_args()
+    if args.serve_sink:
+        serve_sink(args.serve_sink, args.decode_every)
+        return 0
+    if args.micro_child:
+        micro_child(args)
+        return 0
+    return main_micro(args) if args.micro else main_ingest(args)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
