@@ -238,3 +238,53 @@ def test_a_receiver_refusing_for_good_is_counted_not_retried_forever(sqlite_url,
     finally:
         rx.shutdown()
         rx.server_close()
+
+
+def test_a_receiver_that_keeps_failing_fills_the_queue_drops_counted_ingest_acknowledged(sqlite_url, live_server,
+                                                                                         tmp_path, monkeypatch) -> None:
+    """Never slowing ingest: while the receiver answers 503 (retryable) the bodies wait in the
+    bounded queue; once it is full the oldest are dropped and counted, every sample is either
+    queued or counted, and every ingest request is still acknowledged."""
+    hits = []
+
+    class Unavailable(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            hits.append(1)
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    rx = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    for k, v in {"URL": f"http://127.0.0.1:{rx.server_address[1]}/api/v1/write", "QUEUE_DIR": str(tmp_path / "q"),
+                 "FIELDS": "power_w", "QUEUE_BYTES": "1000", "FLUSH_S": "0.05", "MIN_BACKOFF_S": "0.05",
+                 "MAX_BACKOFF_S": "0.2"}.items():
+        monkeypatch.setenv(f"GPUFLEET_EXPORT_{k}", v)
+    try:
+        srv = live_server(sqlite_url)
+        start = time.time() - 600
+
+        def accounted() -> float:
+            m = _metrics(srv.url)
+            return m.get("gpufleet_export_dropped_samples_total{reason=queue_full}", 0) + m[
+                "gpufleet_export_queue_samples"]
+
+        for phase in range(2):  # two phases: at least two bodies, so the bound must drop one
+            for i in range(10):  # each 200 means stored (the ingest ack), whatever the export is doing
+                b = make_batch(f"node-{phase}-{i}", gpus=2, seconds=3, start=start)
+                assert post(srv.url, b).status_code == 200
+            _wait(lambda n=60 * (phase + 1): accounted() == n, what="every sample queued or counted as dropped")
+        m = _metrics(srv.url)
+        assert m["gpufleet_export_dropped_samples_total{reason=queue_full}"] > 0
+        assert m["gpufleet_export_queue_max_bytes"] == 1000 and m["gpufleet_export_queue_bodies"] >= 1
+        assert m["gpufleet_export_queue_bytes"] <= 1000 or m["gpufleet_export_queue_bodies"] == 1  # bar the newest
+        assert m["gpufleet_export_samples_sent_total"] == 0
+        _wait(lambda: _metrics(srv.url)["gpufleet_export_send_failures_total"] >= 2, what="retries")
+        assert len(hits) >= 2  # the oldest queued body is retried, not given up
+    finally:
+        rx.shutdown()
+        rx.server_close()
