@@ -38,13 +38,15 @@ def _report(name: str, produced: int, rows: int, distinct: int) -> None:
     print(f"FAULT {name}: produced={produced} stored={rows} duplicated={rows - distinct}")
 
 
-def _wait_until(pred, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+def _wait_until(pred, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
+    # Generous: the full suite on a loaded 2-core box has needed more than 30 s for a restarted
+    # collector to take batches again. Waiting longer changes no assertion; it returns at once.
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():
             return
         time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+    raise AssertionError(f"condition not met in {timeout:.0f} s")
 
 
 def test_collector_down_then_back(database_url, collector_process, tmp_path):
@@ -118,6 +120,15 @@ def test_lost_acknowledgement_counts_once(database_url, collector_process, tmp_p
 
 
 def test_agent_killed_and_restarted_with_spool(database_url, collector_process, tmp_path):
+    """SIGKILL an agent whose collector is down, restart it on the same spool: every row the
+    killed agent had on disk (spooled batches + the open journal) is stored once.
+
+    The test kills the agent as soon as its third batch file appears, which is the instant
+    after the spool's rename and before ``open.journal`` is truncated for the next batch
+    (agent/runner.py ``flush``). A kill there leaves the same batch in the spool AND in the
+    journal, under one idempotency key: nothing is lost or doubled (the collector counts the
+    key once), but adding up the spool's rows and the journal's would count that batch twice.
+    So what the killed agent persisted is counted as a set of (gpu, ts), never as a sum."""
     coll = collector_process(database_url)  # down at first, so the first agent fills its spool
     spool = tmp_path / "spool"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
@@ -131,39 +142,116 @@ def test_agent_killed_and_restarted_with_spool(database_url, collector_process, 
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-    # What the killed agent produced is what it persisted: spooled batches + the open journal.
     left = Spool(spool, 2**30, fsync=False)
-    journal = Journal(left.journal_path).recover()
-    produced_first = left.pending_rows + (journal.n_rows if journal else 0)
     assert left.pending_batches >= 3
+    persisted, spooled_twice = _disk_rows(spool)
 
     coll.start()
     agent = _agent(coll.url, spool, node="sim-node-000")
     with AgentThread(agent) as at:
         _wait_until(lambda: len(agent.spool) == 0 and _produced(agent) >= 40)
         at.stop()
+    # The shutdown drain has 5 s (runner.SHUTDOWN_DRAIN_S); on a loaded machine it may leave the
+    # last batch spooled for the next start. That is the design, not a loss: deliver it here.
+    left_at_stop = agent.spool.pending_rows
+    _deliver_rest(agent)
     rows, distinct = stored(database_url)
-    _report("agent-sigkill-restart", produced_first + _produced(agent), rows, distinct)
-    assert rows == produced_first + _produced(agent)
-    assert distinct == rows
+    expected = len(persisted) + _produced(agent)
+    _report("agent-sigkill-restart", expected, rows, distinct)
+    print(f"FAULT agent-sigkill-restart: batch in both spool and journal at the kill: {spooled_twice} rows, "
+          f"left spooled at the restarted agent's stop: {left_at_stop} rows")
+    assert distinct == rows, "no row stored twice"
+    assert persisted <= _db_keys(database_url), "nothing the killed agent had persisted was lost"
+    assert rows == expected, "and nothing the restarted agent sampled"
 
 
-def _disk_keys(spool: Path) -> set[tuple[str, float]]:
-    """(gpu, ts) of every row an agent left on disk: spooled batches and the open journal."""
+def test_kill_between_spool_rename_and_journal_truncation_stores_the_batch_once(database_url, collector_process,
+                                                                                 tmp_path):
+    """The window the restart test's kill usually lands in, made exact: the batch is renamed into
+    the spool and the agent dies before ``flush`` truncates the journal (``_open_batch``). The
+    next start recovers the journal into a second spooled copy under the same idempotency key;
+    the collector stores the rows once and acknowledges the copy as a duplicate."""
+    spool = tmp_path / "spool"
+    first = _agent("http://127.0.0.1:9", spool)  # nothing listens: the batch stays spooled
+    first.clock = TickClock(time.time() - 7000)  # its rows' ts apart from the next agent's
+    first.start()
+    for _ in range(5):
+        first.cycle(first.clock())
+    assert first._open is not None
+    first._spool(first._open)  # flush's first half; the "kill" comes before its _open_batch()
+    first.journal.close()
+    first.spool.unlock()
+    spooled, journal = _disk_batches(spool)
+    assert journal is not None and list(spooled) == [journal[0]] and spooled[journal[0]] == journal[1]
+    assert len(journal[1]) == _produced(first) == 20
+
+    coll = collector_process(database_url).start()
+    agent = _agent(coll.url, spool)
+    with AgentThread(agent) as at:
+        _wait_until(lambda: len(agent.spool) == 0 and _produced(agent) >= 20)
+        at.stop()
+    _deliver_rest(agent)
+    rows, distinct = stored(database_url)
+    _report("agent-killed-before-journal-truncation", _produced(first) + _produced(agent), rows, distinct)
+    assert agent.metrics.registry.get_sample_value("gpufleet_agent_batches_duplicate_total") == 1
+    assert distinct == rows == _produced(first) + _produced(agent)
+    assert set(journal[1]) <= _db_keys(database_url)
+
+
+def _deliver_rest(agent: Agent, timeout: float = 60.0) -> None:
+    """Send what an agent left spooled at shutdown, until the spool is empty."""
+    deadline = time.monotonic() + timeout
+    while len(agent.spool) and time.monotonic() < deadline:
+        got = agent.sender.send_one()
+        if got and got[1]:
+            time.sleep(min(got[1], 0.3))
+    assert len(agent.spool) == 0, "everything spooled was delivered"
+
+
+def _disk_batches(spool: Path) -> tuple[dict[str, list[tuple[str, float]]], tuple[str, list[tuple[str, float]]] | None]:
+    """(gpu, ts) of every row an agent left on disk: {idempotency key: rows} of the spooled
+    batches, and (key, rows) of the open journal (None when there is none)."""
     import zstandard
 
     from gpufleet.protocol import decode
 
-    keys: set[tuple[str, float]] = set()
+    spooled: dict[str, list[tuple[str, float]]] = {}
     s = Spool(spool, 2**30, fsync=False)
     for it in s._items:
         header, body = it.read()
         raw = zstandard.ZstdDecompressor().decompress(body)
         b = decode(raw, header["headers"]["Content-Type"])
-        keys.update(zip(b.samples["gpu"], b.samples["ts"], strict=True))
+        spooled[str(header["key"])] = list(zip(b.samples["gpu"], b.samples["ts"], strict=True))
     ob = Journal(s.journal_path).recover()
-    if ob is not None:
-        keys.update((r.gpu, ts) for ts, r in ob.rows)
+    journal = None if ob is None else (f"{ob.agent.boot_id}:{ob.agent.seq}", [(r.gpu, ts) for ts, r in ob.rows])
+    return spooled, journal
+
+
+def _disk_rows(spool: Path) -> tuple[set[tuple[str, float]], int]:
+    """The distinct rows an agent left on disk, and how many of them the open journal holds
+    that a spooled batch holds too (a kill between the spool's rename and the journal's
+    truncation: the same batch under the same idempotency key, so the collector stores it once).
+    Any other row on disk twice is an agent bug."""
+    spooled, journal = _disk_batches(spool)
+    rows = [k for batch in spooled.values() for k in batch]
+    twice = 0
+    if journal is not None:
+        key, jrows = journal
+        if key in spooled:
+            assert jrows == spooled[key], "the journal left behind holds exactly the batch spooled under its key"
+            twice = len(jrows)
+        else:
+            rows += jrows
+    assert len(rows) == len(set(rows)), "no (gpu, ts) on disk under two idempotency keys"
+    return set(rows), twice
+
+
+def _disk_keys(spool: Path) -> set[tuple[str, float]]:
+    """(gpu, ts) of every row an agent left on disk: spooled batches and the open journal."""
+    spooled, journal = _disk_batches(spool)
+    keys = {k for batch in spooled.values() for k in batch}
+    if journal is not None:
+        keys.update(journal[1])
     return keys
 
 
