@@ -116,9 +116,12 @@ class MaintenanceSettings(Section):
     interval_s: float = env("MAINTENANCE_INTERVAL_S", 60.0, "period of partitions-ahead and stale-job passes", gt=0)
     retention_interval_s: float = env("RETENTION_INTERVAL_S", 3600.0, "period of retention passes", gt=0)
     raw_days: float = env("RETENTION_RAW_DAYS", 31.0, "raw sample retention in days; fractions keep hours (0.25 = "
-                          "6 h); keep it above the ingest max age, or late batches land in dropped days", gt=0)
+                          "6 h); keep it above the ingest max age, or late batches land in dropped days. Also kept "
+                          "this long: training-progress windows (job_progress), NCCL collective windows, NIC "
+                          "samples, the idempotency ledger, delivered or failed alert notifications", gt=0)
     rollup_days: float = env("RETENTION_ROLLUP_DAYS", 400.0, "retention of the 1-minute rollups and of the minute "
-                             "features the analysis reads (gpu_minute_features, job_hist_features)", gt=0)
+                             "features the analysis reads (gpu_minute_features, job_hist_features); node events "
+                             "(XIDs) are kept as long", gt=0)
     stale_job_s: float = env("STALE_JOB_S", 300.0, "a running job no node reported for this long is ended", gt=0)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from sqlalchemy import Connection, Engine, text
 
 from gpufleet.storage.dialect import is_postgres
+from gpufleet.storage.sessions import purge_expired
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,21 @@ PARTITIONED = {**RAW_TABLES, **ROLLUP_TABLES}
 # rollups (the same setting), rows deleted on both databases (not partitioned). The hour
 # histograms go only once their whole hour is past the cutoff.
 FEATURE_TABLES = {"gpu_minute_features": "bucket", "job_hist_features": "hour"}
+# Tables pruned row by row on both databases (not partitioned): table -> (its time column,
+# the horizon it is kept for, an extra condition). "raw" tables hold per-window detail at the
+# raw samples' rate (a row per rank, NIC or collective every 10 s) and go with them; the few,
+# cited rows (events) go with the rollups. A progress window, collective window or NIC sample
+# goes once it ended (end_ts / its ts) before the cutoff. The alert outbox keeps every row not
+# yet delivered or given up on; the idempotency ledger only needs to outlive any retry. Each is a
+# DELETE that scans the table when no index leads with its time column (docs/collector.md).
+ROW_PRUNED: dict[str, tuple[str, str, str]] = {
+    "ingest_batches": ("received_at", "raw", ""),
+    "job_progress": ("end_ts", "raw", ""),
+    "collective_windows": ("ts", "raw", ""),
+    "nic_samples": ("ts", "raw", ""),
+    "alert_outbox": ("created_at", "raw", " AND state IN ('sent', 'failed')"),
+    "events": ("ts", "rollup", ""),
+}
 _NAME_RE = re.compile(r"^(?P<table>[a-z0-9_]+)_p(?P<day>\d{8})$")
 
 # (database url, table, day) already known to exist; per process.
@@ -160,9 +176,10 @@ def list_partitions(conn: Connection, table: str) -> list[tuple[str, int]]:
 
 def apply_retention(engine: Engine, now: float, raw_days: float, rollup_days: float) -> dict[str, int]:
     """Remove raw samples older than ``raw_days``, rollups and minute features older than
-    ``rollup_days``. PostgreSQL drops whole day partitions (only days entirely before the
-    cutoff); SQLite deletes rows; feature rows are deleted on both. Returns partitions dropped
-    (PostgreSQL) or rows deleted (SQLite, and feature tables) per table."""
+    ``rollup_days``, the ``ROW_PRUNED`` tables past their horizon, and expired web sessions.
+    PostgreSQL drops whole day partitions (only days entirely before the cutoff); SQLite deletes
+    rows; the other tables' rows are deleted on both. Returns partitions dropped (PostgreSQL) or
+    rows deleted (SQLite, and the row-pruned tables) per table."""
     out: dict[str, int] = {}
     cutoffs = {t: now - raw_days * DAY for t in RAW_TABLES} | {t: now - rollup_days * DAY for t in ROLLUP_TABLES}
     url = engine.url.render_as_string(hide_password=True)
@@ -194,7 +211,10 @@ def apply_retention(engine: Engine, now: float, raw_days: float, rollup_days: fl
                                                {"c": feature_cutoff}).rowcount
         out["job_hist_features"] = c.execute(text("DELETE FROM job_hist_features WHERE hour < :h"),
                                              {"h": int(feature_cutoff // 3600)}).rowcount
-    with engine.begin() as c:
-        # The idempotency ledger only needs to outlive any retry: keep it as long as raw data.
-        c.execute(text("DELETE FROM ingest_batches WHERE received_at < :c"), {"c": now - raw_days * DAY})
+    horizons = {"raw": now - raw_days * DAY, "rollup": feature_cutoff}
+    for table, (col, horizon, only) in ROW_PRUNED.items():
+        with engine.begin() as c:
+            out[table] = c.execute(text(f"DELETE FROM {table} WHERE {col} < :c{only}"),
+                                   {"c": horizons[horizon]}).rowcount
+    out["web_sessions"] = purge_expired(engine, now)  # a session past its expiry can never be used again
     return out
