@@ -213,7 +213,8 @@ def _sqlite_rows(session: Session, table: Any, fields: list[str], *, job_id: int
     # the DB-API connection, no Python object per row beyond the tuple (NULL -> NaN: a gap)
     conn = session.connection()
     sql = str(q.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-    cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    dbapi: Any = conn.connection.dbapi_connection
+    cur = dbapi.cursor()
     try:
         cur.execute(sql)
         rows = cur.fetchall()
@@ -263,7 +264,8 @@ def _pg_rows(session: Session, sql: str, params: dict[str, Any], ncols: int, *, 
         got = cur.fetchone()
     if got is None or got[0] is None:
         return np.empty((0, ncols))
-    return np.stack([_float8_array(bytes(x)) for x in got], axis=1)
+    # (ncols, rows) transposed: each column stays contiguous for the reduction's reads
+    return np.array([_float8_array(bytes(x)) for x in got]).T
 
 
 def _float8_array(data: bytes) -> np.ndarray:
