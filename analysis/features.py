@@ -227,20 +227,37 @@ def hist_quantile(h: np.ndarray, q: float) -> float | None:
     return round((i + (target - before) / inside) / HIST_BINS, 4)
 
 
+def _at(idx: list[int]) -> slice | list[int]:
+    """A run of consecutive indexes as a slice (a view, not a gather), else the list."""
+    return slice(idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[0] + len(idx))) else idx
+
+
 _COL = {name: i for i, name in enumerate(READ_COLUMNS)}
 _AT = {name: i for i, name in enumerate(ALL_FEATURES)}
-# from_states' ratios: feature <- (numerator, denominator) state columns ...
-_RATIOS = {**{feat: (f"{feat}_sum", f"{feat}_n") for feat in MEAN_OF}, "busy_frac": ("nb", "nsm"),
-           "busy_sm": ("busy_sm_sum", "nb"), "clock_busy": ("clock_busy_sum", "ncb"), "throttle_frac": ("nthr", "nrb")}
-_RATIO_AT = [_AT[k] for k in _RATIOS]
-_RATIO_NUM = [_COL[a] for a, _ in _RATIOS.values()]
-_RATIO_DEN = [_COL[b] for _, b in _RATIOS.values()]
+# from_states' ratios: feature <- (numerator, denominator) state columns: the means (sums and
+# counts are runs of columns) ...
+_MEANS_AT = _at([_AT[k] for k in MEAN_OF])
+_MEANS_NUM = _at([_COL[f"{k}_sum"] for k in MEAN_OF])
+_MEANS_DEN = _at([_COL[f"{k}_n"] for k in MEAN_OF])
+# ... the busy share, the while-busy means and the throttle share ...
+_BUSY = {"busy_frac": ("nb", "nsm"), "busy_sm": ("busy_sm_sum", "nb"), "clock_busy": ("clock_busy_sum", "ncb"),
+         "throttle_frac": ("nthr", "nrb")}
+_BUSY_AT = [_AT[k] for k in _BUSY]
+_BUSY_NUM = [_COL[a] for a, _ in _BUSY.values()]
+_BUSY_DEN = [_COL[b] for _, b in _BUSY.values()]
 # ... and the features stored as they are (maxima, minima, critical XIDs, busy samples).
 _COPIED = (*MAX_OF, *MIN_OF, "xid_crit", "nb")
-_COPY_AT = [_AT[k] for k in _COPIED]
+_COPY_AT = _at([_AT[k] for k in _COPIED])
 _COPY_FROM = [_COL[k] for k in _COPIED]
+
+
 # Every feature is set by exactly one of those, or by trans / reasons_or (from_states' vals is np.empty).
-assert sorted([*_RATIO_AT, *_COPY_AT, _AT["trans"], _AT["reasons_or"]]) == list(range(len(ALL_FEATURES)))
+assert sorted(np.r_[_MEANS_AT, _BUSY_AT, _COPY_AT, _AT["trans"], _AT["reasons_or"]].tolist()) == list(
+    range(len(ALL_FEATURES)))
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    return np.where(den > 0, num / np.maximum(den, 1), np.nan)
 
 
 def from_states(data: np.ndarray, gpu_pks: list[int]) -> MinuteFeatures:
@@ -266,16 +283,23 @@ def from_states(data: np.ndarray, gpu_pks: list[int]) -> MinuteFeatures:
     cols = data.T
     vals = np.empty((len(ALL_FEATURES), len(data)))
     with np.errstate(invalid="ignore", divide="ignore"):
-        num, den = cols[_RATIO_NUM], cols[_RATIO_DEN]
-        vals[_RATIO_AT] = np.where(den > 0, num / np.maximum(den, 1), np.nan)
+        vals[_MEANS_AT] = _ratio(cols[_MEANS_NUM], cols[_MEANS_DEN])
+        vals[_BUSY_AT] = _ratio(cols[_BUSY_NUM], cols[_BUSY_DEN])
     vals[_COPY_AT] = cols[_COPY_FROM]
     vals[_AT["trans"]] = np.where(cols[col["nsm"]] > 1, cols[col["trans"]], np.nan)
     vals[_AT["reasons_or"]] = np.where(cols[col["nrb"]] > 0, cols[col["reasons_or"]], np.nan)
-    block = np.full((len(ALL_FEATURES), g, m_total), np.nan)
-    block[:, gi, mi] = vals
+    if len(data) == g * m_total and np.array_equal(gi, np.tile(np.arange(g), m_total)) \
+            and np.array_equal(mi, np.repeat(np.arange(m_total), g)):
+        # Every GPU in every minute, rows in (minute, GPU) order (as read_states reads a job
+        # that reported throughout): the scatter below is this reshape, at a fraction of its cost.
+        block = np.ascontiguousarray(vals.reshape(len(ALL_FEATURES), m_total, g).transpose(0, 2, 1))
+        n = np.ascontiguousarray(cols[col["n"]].reshape(m_total, g).T)
+    else:
+        block = np.full((len(ALL_FEATURES), g, m_total), np.nan)
+        block[:, gi, mi] = vals
+        n = np.zeros((g, m_total))
+        n[gi, mi] = cols[col["n"]]
     f = {k: block[i] for i, k in enumerate(ALL_FEATURES)}
-    n = np.zeros((g, m_total))
-    n[gi, mi] = cols[col["n"]]
     c = {"n": cols[col["n"]], "first_ts": cols[col["first_ts"]], "last_ts": cols[col["last_ts"]]}
     return MinuteFeatures(b0=b0, n=n, f=f, interval_s=state_interval(c, gi))
 

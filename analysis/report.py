@@ -150,8 +150,9 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
         have = (w > 0).tolist()
         return {k: [v if h else None for v, h in zip(m[j].tolist(), have[j], strict=True)] for j, k in enumerate(names)}
 
-    cols = gpu_means(("sm", "tensor", "dram", "occ", "power", "clock"), n)
-    cols.update(gpu_means(("clock_busy",), nz(feats.f["nb"])))
+    # by samples, and the busy clock by busy samples: one pass, the weights side by side
+    names = ("sm", "tensor", "dram", "occ", "power", "clock", "clock_busy")
+    cols = gpu_means(names, np.stack([*(n,) * (len(names) - 1), nz(feats.f["nb"])]))
     fbm = feats.f["fb_used_max"]
     fb_max = [None if v != v else v for v in np.fmax.reduce(fbm, axis=1).tolist()] if fbm.shape[1] else [None] * g
     samples = (n.sum(axis=1) if n.size else np.zeros(g)).tolist()

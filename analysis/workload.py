@@ -10,6 +10,7 @@ detectors then apply the rules that hold for any workload)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,6 +85,21 @@ def classify(*, source: str | None = None, name: str | None = None, partition: s
     return WorkloadClass(None, "no scheduler metadata names it")
 
 
+def _percentile(s: list[float], q: float) -> float:
+    """``np.percentile(s, 100 * q)`` (its default, linear method) of sorted, NaN-free ``s``, with
+    its arithmetic step for step (the same float result): np.percentile costs ~50 us a call on
+    a job's dozen windows, this ~1."""
+    n = len(s)
+    v = (n - 1) * q
+    if v >= n - 1:
+        return s[-1]
+    lo = math.floor(v)
+    gamma = v - lo
+    a, b = s[lo], s[lo + 1]
+    d = b - a
+    return b - d * (1 - gamma) if gamma >= 0.5 else a + d * gamma  # numpy's _lerp
+
+
 def from_pattern(busy_frac: np.ndarray, valid: np.ndarray) -> WorkloadClass | None:
     """Request-driven or not, from the busy share of the GPUs' windows (G x K), for jobs whose
     metadata names no class. A training loop that alternates (an input stall) does so at its
@@ -98,7 +114,8 @@ def from_pattern(busy_frac: np.ndarray, valid: np.ndarray) -> WorkloadClass | No
     alternating = (x > 0.05) & (x < 0.95)
     if alternating.mean() < 0.5:
         return None  # mostly steady (or idle): nothing request-driven to see
-    spread = float(np.percentile(x, 90) - np.percentile(x, 10))
+    s = sorted(x.tolist())
+    spread = _percentile(s, 90 / 100) - _percentile(s, 10 / 100)
     if spread >= 0.35:
         return WorkloadClass("serving", f"pattern: busy share swings {spread:.0%} between windows (request-driven)")
     return None

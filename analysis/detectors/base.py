@@ -329,12 +329,12 @@ class Signals:
 
     def missing(self, cov: Coverage) -> tuple[str, ...]:
         """The needed signals nobody reported, when no complete set is there (else ())."""
-        lack = tuple(s for s in self.needs if not cov.has(s))
+        lack = [s for s in self.needs if not cov.has(s)]
         if not lack:
             return ()
         if self.fallback and all(cov.has(s) for s in self.fallback):
             return ()
-        return lack
+        return tuple(lack)
 
 
 Cfg = TypeVar("Cfg", bound=KindConfig)

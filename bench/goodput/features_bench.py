@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -37,6 +38,29 @@ from gpufleet.analysis.detectors import features_for
 from gpufleet.analysis.features import HIST_BINS, HIST_FIELDS, READ_COLUMNS, from_states, histograms
 from gpufleet.analysis.report import JobMeta, analyze
 from gpufleet.storage.minute_features import fold
+
+States = dict[tuple[int, int], tuple[np.ndarray, dict[str, np.ndarray]]]
+
+
+def fold_pool(pool: dict[int, list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]]) -> States:
+    """Each distinct sample set folded as the collector folds it at ingest, read back as the
+    runner reads it: (states in READ_COLUMNS order, the job's histograms)."""
+    states: States = {}
+    for s, variants in pool.items():
+        for v, (ts, gpu, cols) in enumerate(variants):
+            f = fold(ts, gpu, np.zeros(len(ts), np.int64), cols)
+            rows = np.column_stack([{"bucket": f.bucket, "gpu_pk": f.gpu_pk, **f.cols}[c] for c in READ_COLUMNS])
+            tot = f.hist.sum(axis=0)
+            hist = {name: tot[k * HIST_BINS:(k + 1) * HIST_BINS] for k, name in enumerate(HIST_FIELDS)}
+            states[(s, v)] = (rows, hist)
+    return states
+
+
+def job_meta(cls: Any, j: int, s: int, t0: float) -> Any:
+    """Job ``j`` of ``s`` GPUs, 8 to a node (``cls``: a JobMeta of this tree or another's)."""
+    return cls(job_id=str(j), start_ts=t0, end_ts=None, running=True, gpu_uuids=[f"GPU-{j}-{k}" for k in range(s)],
+               gpu_nodes=[f"n{j}-{k // 8}" for k in range(s)], gpu_indexes=[k % 8 for k in range(s)],
+               model="NVIDIA H100 80GB HBM3")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,12 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = 1_790_000_000.0
     sizes, pool = fleet(total, a.seconds, a.variants, rng, t0)
     f0 = time.process_time()
-    states = {}
-    for s, variants in pool.items():
-        for v, (ts, gpu, cols) in enumerate(variants):
-            f = fold(ts, gpu, np.zeros(len(ts), np.int64), cols)
-            rows = np.column_stack([{"bucket": f.bucket, "gpu_pk": f.gpu_pk, **f.cols}[c] for c in READ_COLUMNS])
-            states[(s, v)] = (rows, f.hist)
+    states = fold_pool(pool)
     fold_cpu = time.process_time() - f0
     raw_cpu = feat_cpu = 0.0
     same = 0
@@ -71,16 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     for j, s in enumerate(sizes):
         v = j % len(pool[s])
         ts, gpu, cols = pool[s][v]
-        meta = JobMeta(job_id=str(j), start_ts=t0, end_ts=None, running=True,
-                       gpu_uuids=[f"GPU-{j}-{k}" for k in range(s)], gpu_nodes=[f"n{j}-{k // 8}" for k in range(s)],
-                       gpu_indexes=[k % 8 for k in range(s)], model="NVIDIA H100 80GB HBM3")
+        meta = job_meta(JobMeta, j, s, t0)
         c0 = time.process_time()
         ref = None if a.features_only else analyze(meta, features_for(th, ts, gpu, cols, s), histograms(cols), th=th,
                                                    first_ts=t0, last_ts=t0 + a.seconds - 1)
         c_raw = time.process_time()
-        rows, hist = states[(s, v)]
-        tot = hist.sum(axis=0)
-        h = {name: tot[k * HIST_BINS:(k + 1) * HIST_BINS] for k, name in enumerate(HIST_FIELDS)}
+        rows, h = states[(s, v)]
         passes = []
         for _ in range(max(1, a.repeat)):
             c1 = time.process_time()

@@ -151,6 +151,11 @@ def make_job(rng: np.random.Generator, t0: float) -> tuple[int, np.ndarray, np.n
         duty = rng.uniform(0.05, 0.95, steps // max(1, int(300 / interval)) + 1)
         on = rng.random(n) < duty[at // max(1, int(300 / interval))]
         cols["sm_active"] = np.where(on, 0.7, 0.0)
+    if rng.random() < 0.25:  # rows missing (an agent down, a GPU that left): minutes without a state
+        keep = ~(hit & when[at]) if rng.random() < 0.5 else rng.random(n) > 0.3
+        keep[0] = True  # (a job with no row at all is not analyzed)
+        ts, gpu, cols = ts[keep], gpu[keep], {k: v[keep] for k, v in cols.items()}
+        n = len(ts)
     if rng.random() < 0.3:  # rows out of order, as late batches arrive
         perm = rng.permutation(n)
         ts, gpu, cols = ts[perm], gpu[perm], {k: v[perm] for k, v in cols.items()}
