@@ -1,5 +1,6 @@
 """Which shard a job belongs to: the pure partition behind the sharded analysis pass
-(``analysis.tasks.analyze_shard``; docs/goodput.md, "Sharded analysis").
+(``analysis.tasks.analyze_shard`` and ``analyze_progress_shard``; docs/goodput.md, "Sharded
+analysis").
 
 A job's shard must not depend on the process asking (Python's ``hash()`` is salted per process
 for strings, so two workers would disagree) nor on which other jobs are due, so it is a function
@@ -57,4 +58,10 @@ def shard_lock_key(shard: int, n: int) -> str:
     return f"gpufleet:analysis:shard:{n}:{shard}"
 
 
-__all__ = ["jump_hash", "partition", "shard_lock_key", "shard_of", "stable_key"]
+def progress_lock_key(shard: int, n: int) -> str:
+    """The Redis lock of one shard's progress pass (``analysis.tasks.analyze_progress_shard``):
+    apart from the shard's hardware lock, so either runs while the other is slow."""
+    return f"gpufleet:analysis:progress:{n}:{shard}"
+
+
+__all__ = ["jump_hash", "partition", "progress_lock_key", "shard_lock_key", "shard_of", "stable_key"]

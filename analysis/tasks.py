@@ -1,12 +1,16 @@
 """Celery tasks (thin wrappers around ``runner.run_analysis``).
 
 Beat sends ``analyze_due_jobs`` every ``analysis.interval_s`` (60 s). It only fans out: one
-``analyze_shard(shard, n_shards)`` per shard (``analysis.shards``, 8) and one
-``analyze_progress`` (the fleet-wide progress pass), so N workers share a pass. A shard task
-reads the due jobs and analyzes those whose stable hash (``analysis.shards.shard_of``) is its
-shard; ``analyze_job(job_pk)`` analyzes one job on demand.
+``analyze_shard(shard, n_shards)`` and one ``analyze_progress_shard(shard, n_shards)`` per shard
+(``analysis.shards``, 8), so N workers share a pass. A shard task reads the due jobs (the
+progress shard: the jobs with recent progress or an open progress flag) and analyzes those whose
+stable hash (``analysis.shards.shard_of``) is its shard; ``analyze_job(job_pk)`` analyzes one job
+on demand, ``analyze_progress`` runs the whole progress pass in one task (by hand, and messages
+sent before the progress pass was sharded).
 
-Each shard holds its own Redis lock (``shard_lock_key``), refreshed after every job: a slow shard
+Each shard holds its own Redis lock (``shard_lock_key``; the progress shard
+``progress_lock_key``, so a slow hardware shard never holds back the hang checks), refreshed
+after every job: a slow shard
 is not doubled by the next tick's message for it (that one returns "skipped"), and a killed
 worker stops refreshing, so its shard is redone within ``analysis.lock_ttl_s`` by whichever worker
 takes the next tick's message. The lock's value is the Celery task id: when the broker hands the
@@ -34,12 +38,10 @@ from sqlalchemy import Engine
 
 from gpufleet.settings import Settings, settings_of
 
-from .shards import shard_lock_key, shard_of
+from .shards import progress_lock_key, shard_lock_key, shard_of
 
 log = logging.getLogger(__name__)
 
-# The fleet-wide part of a pass (the progress pass: it reads every job's progress at once).
-LOCK_KEY = "gpufleet:analysis:due-jobs"
 # Take the lock if free, or over if it holds our own token (our message, redelivered).
 _ACQUIRE = ("if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
             "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 2 end "
@@ -50,6 +52,8 @@ _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del
 # Called with each job's pk after it is analyzed and committed, inside the task. An extension
 # point (progress metrics, and the tests' crash injection: tests/support/crash_worker.py).
 job_done_hooks: list[Callable[[int], None]] = []
+# The same after each job a progress shard synced (its progress flags committed).
+progress_done_hooks: list[Callable[[int], None]] = []
 
 
 def _settings() -> Settings:
@@ -131,13 +135,13 @@ def acquire(settings: Settings, key: str, token: str | None) -> Lock | None:
     return Lock(_redis(url), key, token, ttl_ms, taken_over=got == 2)
 
 
-def _progress(held: Lock) -> Callable[[int], None]:
+def _progress(held: Lock, hooks: list[Callable[[int], None]] = job_done_hooks) -> Callable[[int], None]:
     """After each job: keep the lock alive (a killed worker stops refreshing it, so the next
     run starts within the TTL), then the hooks."""
 
     def done(job_pk: int) -> None:
         held.refresh()
-        for hook in job_done_hooks:
+        for hook in hooks:
             hook(job_pk)
 
     return done
@@ -177,14 +181,22 @@ def _expires(settings: Settings) -> float:
 
 @shared_task(name="gpufleet.analysis.analyze_due_jobs", ignore_result=True)
 def analyze_due_jobs(now: float | None = None) -> dict[str, Any]:
-    """One pass: a message per shard and one for the progress pass, nothing analyzed here."""
+    """One pass: per shard, a message for its due jobs and one for its progress pass; nothing
+    analyzed here."""
     settings = _settings()
     n = settings.analysis.shards
     expires = _expires(settings)
     for shard in range(n):
         analyze_shard.apply_async((shard, n, now), expires=expires)
-    analyze_progress.apply_async((now,), expires=expires)
+        analyze_progress_shard.apply_async((shard, n, now), expires=expires)
     return {"shards": n}
+
+
+def _check_shard(shard: int, n_shards: int) -> tuple[int, int]:
+    shard, n_shards = int(shard), int(n_shards)
+    if not 0 <= shard < n_shards:
+        raise ValueError(f"shard {shard} is not in 0..{n_shards - 1}")
+    return shard, n_shards
 
 
 @shared_task(name="gpufleet.analysis.analyze_shard", bind=True, ignore_result=True)
@@ -193,9 +205,7 @@ def analyze_shard(self: Any, shard: int, n_shards: int, now: float | None = None
     sees what is due now, not what was due when it was sent)."""
     from gpufleet.analysis.runner import due_jobs, run_analysis
 
-    shard, n_shards = int(shard), int(n_shards)
-    if not 0 <= shard < n_shards:
-        raise ValueError(f"shard {shard} is not in 0..{n_shards - 1}")
+    shard, n_shards = _check_shard(shard, n_shards)
     settings = _settings()
     held = acquire(settings, shard_lock_key(shard, n_shards), self.request.id)
     if held is None:
@@ -217,24 +227,45 @@ def analyze_shard(self: Any, shard: int, n_shards: int, now: float | None = None
     return out
 
 
+@shared_task(name="gpufleet.analysis.analyze_progress_shard", bind=True, ignore_result=True)
+def analyze_progress_shard(self: Any, shard: int, n_shards: int, now: float | None = None) -> dict[str, Any]:
+    """The progress pass (docs/progress.md) over one shard's jobs, under the shard's progress
+    lock: the jobs with recent progress or an open progress flag, read when the task runs."""
+    shard, n_shards = _check_shard(shard, n_shards)
+    out = _progress_pass(self.request.id, shard, n_shards, now)
+    log.info("progress shard %d/%d: %s", shard, n_shards, {k: v for k, v in out.items() if k not in ("shard",
+                                                                                                   "n_shards")})
+    return out
+
+
 @shared_task(name="gpufleet.analysis.analyze_progress", bind=True, ignore_result=True)
 def analyze_progress(self: Any, now: float | None = None) -> dict[str, Any]:
-    """The fleet-wide progress pass (docs/progress.md), under its own lock."""
+    """The whole progress pass in one task (shard 0 of 1): by hand, or a message sent by a
+    fan-out from before the pass was sharded."""
+    return _progress_pass(self.request.id, 0, 1, now)
+
+
+def _progress_pass(task_id: str | None, shard: int, n_shards: int, now: float | None) -> dict[str, Any]:
     import time
 
-    from gpufleet.analysis.progress.flags import run_progress_pass
+    from gpufleet.analysis.progress.flags import progress_jobs, run_progress_pass
 
     settings = _settings()
-    held = acquire(settings, LOCK_KEY, self.request.id)
+    held = acquire(settings, progress_lock_key(shard, n_shards), task_id)
     if held is None:
-        return {"skipped": "another progress pass holds the lock"}
+        return {"shard": shard, "n_shards": n_shards, "skipped": "another task holds this progress shard's lock"}
+    at = time.time() if now is None else now
     try:
-        pp = run_progress_pass(_engine_for_process(settings), time.time() if now is None else now)
+        engine = _engine_for_process(settings)
+        with engine.connect() as conn:
+            mine = [pk for pk in progress_jobs(conn, at) if shard_of(pk, n_shards) == shard]
+        pp = run_progress_pass(engine, at, job_pks=mine, on_job_done=_progress(held, progress_done_hooks))
     finally:
         held.release()
     changed = bool(pp.opened or pp.resolved or pp.changed)
-    return {"jobs": pp.jobs, "flags_opened": pp.opened, "flags_resolved": pp.resolved,
-            "errors": pp.errors[:20], "alerts_nudged": _nudge_alerts(changed)}
+    return {"shard": shard, "n_shards": n_shards, "taken_over": held.taken_over, "jobs": pp.jobs,
+            "flags_opened": pp.opened, "flags_resolved": pp.resolved, "errors": pp.errors[:20],
+            "alerts_nudged": _nudge_alerts(changed)}
 
 
 @shared_task(name="gpufleet.analysis.analyze_job", ignore_result=True)

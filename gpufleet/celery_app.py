@@ -55,8 +55,8 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
     (workers down for an hour) is not replayed 60 times: the next run catches up anyway."""
     every = settings.analysis.interval_s
     return {
-        # A fan-out: one analyze_shard message per shard (analysis.shards), so every worker
-        # takes part in the pass (analysis/tasks.py).
+        # A fan-out: one analyze_shard and one analyze_progress_shard message per shard
+        # (analysis.shards), so every worker takes part in the pass (analysis/tasks.py).
         "analyze-due-jobs": {
             "task": "gpufleet.analysis.analyze_due_jobs",
             "schedule": every,

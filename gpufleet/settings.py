@@ -151,8 +151,9 @@ class AnalysisSettings(Section):
     cache_mb: float = env("ANALYSIS_CACHE_MB", 512.0, "per-process cache of job features", ge=0)
     lock_ttl_s: float = env("ANALYSIS_LOCK_TTL_S", 30.0, "Redis lock that keeps two analysis runs apart; refreshed "
                             "after every job, so a killed worker delays the next run by at most this", gt=0)
-    shards: int = env("ANALYSIS_SHARDS", 8, "Celery tasks one analysis pass is split into (due jobs by a stable hash "
-                      "of their id): a pass spreads over at most this many workers", ge=1, le=4096)
+    shards: int = env("ANALYSIS_SHARDS", 8, "shards one analysis pass is split into (jobs by a stable hash of their "
+                      "id), each a hardware-analysis task and a progress-pass task, each under its own lock",
+                      ge=1, le=4096)
 
 
 class AlertsSettings(Section):

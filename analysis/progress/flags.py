@@ -8,6 +8,7 @@ stays in the job's ``goodput.findings``. The hardware runner leaves ``progress``
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -82,16 +83,26 @@ def sync_job(conn: Connection, job_pk: int, now: float, th: ProgressThresholds |
     return opened, resolved
 
 
-def run_progress_pass(engine: Engine, now: float, th: ProgressThresholds | None = None) -> ProgressPass:
-    """Every job with recent progress or an open progress flag (one transaction per job)."""
-    s = ProgressPass()
+def progress_jobs(conn: Connection, now: float) -> list[int]:
+    """The jobs a progress pass looks at: progress in the last ``RECENT_S`` or an open progress
+    flag (one to resolve), in pk order."""
     p, f = JobProgress.__table__, Flag.__table__
-    with engine.connect() as conn:
-        recent = set(conn.execute(select(p.c.job_pk).where(p.c.end_ts >= now - RECENT_S).group_by(p.c.job_pk))
-                     .scalars())
-        flagged = set(conn.execute(select(f.c.job_pk).where(f.c.open.is_(True), f.c.scope.like(f"{SCOPE}%"))
-                                   .group_by(f.c.job_pk)).scalars())
-    for pk in sorted(recent | flagged):
+    recent = set(conn.execute(select(p.c.job_pk).where(p.c.end_ts >= now - RECENT_S).group_by(p.c.job_pk)).scalars())
+    flagged = set(conn.execute(select(f.c.job_pk).where(f.c.open.is_(True), f.c.scope.like(f"{SCOPE}%"))
+                               .group_by(f.c.job_pk)).scalars())
+    return sorted(recent | flagged)
+
+
+def run_progress_pass(engine: Engine, now: float, th: ProgressThresholds | None = None, *,
+                      job_pks: Iterable[int] | None = None,
+                      on_job_done: Callable[[int], None] | None = None) -> ProgressPass:
+    """``job_pks`` (default: every job of ``progress_jobs``), one transaction per job;
+    ``on_job_done(pk)`` after each job's commit (the sharded task refreshes its lock there)."""
+    s = ProgressPass()
+    if job_pks is None:
+        with engine.connect() as conn:
+            job_pks = progress_jobs(conn, now)
+    for pk in job_pks:
         try:
             with engine.begin() as conn:
                 o, r = sync_job(conn, pk, now, th)
@@ -103,5 +114,7 @@ def run_progress_pass(engine: Engine, now: float, th: ProgressThresholds | None 
         except Exception as e:  # one job's bad data must not stop the others' flags
             log.exception("progress analysis of job %s failed", pk)
             s.errors.append(f"job {pk}: {type(e).__name__}: {e}")
+            continue
+        if on_job_done is not None:
+            on_job_done(pk)
     return s
-

@@ -9,7 +9,8 @@ end-to-end tests, kept out of the product (which offers only the hook lists it i
 at that delivery stage (``alerts.tasks.delivery_hooks``). The marker file records the crash, so it
 happens once: the process Celery starts in its place runs normally. ``analysis:stall``: after the
 first analyzed job, write the marker and hang (for the test to SIGKILL the whole worker there);
-``analysis:record``: append "pid job_pk" to the file after every analyzed job. Several KIND MARKER
+``analysis:record``: append "pid job_pk" to the file after every analyzed job; ``progress:stall``
+and ``progress:record`` the same after each job a progress shard synced. Several KIND MARKER
 pairs may come before the ``--``. Settings come from the
 environment the test gives this process (``make_celery(Settings.from_env())``)."""
 
@@ -47,13 +48,14 @@ def install(kind: str, marker: Path) -> None:
 
         tasks.job_done_hooks.append(lambda job_pk: crash_once(marker, f"job {job_pk}"))
         return
-    if kind in ("analysis:stall", "analysis:record"):
+    if kind in ("analysis:stall", "analysis:record", "progress:stall", "progress:record"):
         from gpufleet.analysis import tasks
 
-        if kind == "analysis:stall":
-            tasks.job_done_hooks.append(lambda job_pk: stall_once(marker, f"job {job_pk}"))
+        hooks = tasks.progress_done_hooks if kind.startswith("progress") else tasks.job_done_hooks
+        if kind.endswith(":stall"):
+            hooks.append(lambda job_pk: stall_once(marker, f"job {job_pk}"))
         else:
-            tasks.job_done_hooks.append(lambda job_pk: record(marker, job_pk))
+            hooks.append(lambda job_pk: record(marker, job_pk))
         return
     part, _, stage = kind.partition(":")
     if part != "alerts" or not stage:
