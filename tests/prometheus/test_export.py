@@ -208,23 +208,30 @@ def test_export_to_prometheus_remote_write_receiver(sqlite_url, live_server, tmp
         prom.stop()
 
 
-def test_a_receiver_refusing_for_good_is_counted_not_retried_forever(sqlite_url, live_server, tmp_path,
-                                                                     monkeypatch) -> None:
-    hits = []
+def _answering(status: int, text: bytes = b"") -> tuple[ThreadingHTTPServer, list[int]]:
+    """A remote-write receiver that answers every POST with ``status``; the list counts them."""
+    hits: list[int] = []
 
-    class Refuse(BaseHTTPRequestHandler):
+    class Answer(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             hits.append(1)
-            self.send_response(400)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(text)))
             self.end_headers()
-            self.wfile.write(b"out of bounds")
+            self.wfile.write(text)
 
         def log_message(self, *a: object) -> None:
             pass
 
-    rx = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    rx = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
     threading.Thread(target=rx.serve_forever, daemon=True).start()
+    return rx, hits
+
+
+def test_a_receiver_refusing_for_good_is_counted_not_retried_forever(sqlite_url, live_server, tmp_path,
+                                                                     monkeypatch) -> None:
+    rx, hits = _answering(400, b"out of bounds")
     monkeypatch.setenv("GPUFLEET_EXPORT_URL", f"http://127.0.0.1:{rx.server_address[1]}/api/v1/write")
     monkeypatch.setenv("GPUFLEET_EXPORT_QUEUE_DIR", str(tmp_path / "queue"))
     monkeypatch.setenv("GPUFLEET_EXPORT_FIELDS", "power_w")
@@ -245,21 +252,7 @@ def test_a_receiver_that_keeps_failing_fills_the_queue_drops_counted_ingest_ackn
     """Never slowing ingest: while the receiver answers 503 (retryable) the bodies wait in the
     bounded queue; once it is full the oldest are dropped and counted, every sample is either
     queued or counted, and every ingest request is still acknowledged."""
-    hits = []
-
-    class Unavailable(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            hits.append(1)
-            self.send_response(503)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    rx = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
-    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    rx, hits = _answering(503)
     for k, v in {"URL": f"http://127.0.0.1:{rx.server_address[1]}/api/v1/write", "QUEUE_DIR": str(tmp_path / "q"),
                  "FIELDS": "power_w", "QUEUE_BYTES": "1000", "FLUSH_S": "0.05", "MIN_BACKOFF_S": "0.05",
                  "MAX_BACKOFF_S": "0.2"}.items():
