@@ -27,7 +27,7 @@ from gpufleet.storage.progress_models import JobProgress
 from tests.collector.conftest import make_batch, store
 
 from .test_goodput_celery import _wait
-from .test_shards_celery import Worker, _env, broker  # noqa: F401 - broker is a fixture
+from .test_shards_celery import Worker, _env, broker, kill_mid_shard  # noqa: F401 - broker is a fixture
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 N_JOBS = 10
@@ -140,7 +140,6 @@ def _synced(path: Path) -> list[int]:
 @pytest.mark.slow
 def test_a_worker_killed_mid_progress_shard_the_survivor_redoes_it(pg_url: str, broker: str,  # noqa: F811
                                                                    tmp_path: Path) -> None:
-    from gpufleet.analysis.shards import shard_of
 
     now = time.time()
     fleet = _fleet(pg_url, now)
@@ -152,15 +151,8 @@ def test_a_worker_killed_mid_progress_shard_the_survivor_redoes_it(pg_url: str, 
     victim = Worker(tmp_path, "victim", env, "progress:stall", str(stalled))
     survivor = Worker(tmp_path, "survivor", env, "progress:record", str(record))
     try:
-        _wait(lambda: victim.ready() and survivor.ready(), 60, "both workers ready", victim.log)
-        _send_pass(broker, now)
-        _wait(stalled.exists, 60, "the victim to stop in the middle of a progress shard", victim.log)
-        stalled_pk = int(stalled.read_text().split()[1])
-        shard = shard_of(stalled_pk, n)
-        rest_of_shard = {pk for pk in fleet if shard_of(pk, n) == shard} - {stalled_pk}
-        assert rest_of_shard, "the fleet must put at least two jobs in the victim's shard"
-        victim.kill()
-        killed_at = time.monotonic()
+        _, shard, rest_of_shard, killed_at = kill_mid_shard(victim, survivor, stalled, fleet, n,
+                                                            lambda: _send_pass(broker, now))
 
         last_tick = [0.0]
         redone_at = [0.0]

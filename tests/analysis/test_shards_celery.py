@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -109,6 +109,23 @@ class Worker:
                 self.kill()
 
 
+def kill_mid_shard(victim: Worker, survivor: Worker, stalled: Path, fleet: Iterable[int], n: int,
+                   send_pass: Callable[[], None]) -> tuple[int, int, set[int], float]:
+    """Both workers up, one pass sent, the victim stalled after its first job of a shard, then
+    SIGKILLed: (the job it finished, its shard, the rest of that shard, when it was killed)."""
+    from gpufleet.analysis.shards import shard_of
+
+    _wait(lambda: victim.ready() and survivor.ready(), 60, "both workers ready", victim.log)
+    send_pass()
+    _wait(stalled.exists, 60, "the victim to stop in the middle of a shard", victim.log)
+    stalled_pk = int(stalled.read_text().split()[1])
+    shard = shard_of(stalled_pk, n)
+    rest_of_shard = {pk for pk in fleet if shard_of(pk, n) == shard} - {stalled_pk}
+    assert rest_of_shard, "the fleet must put at least two jobs in the victim's shard"
+    victim.kill()
+    return stalled_pk, shard, rest_of_shard, time.monotonic()
+
+
 def _env(pg_url: str, broker: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "GPUFLEET_REDIS_URL": broker, "GPUFLEET_DATABASE_URL": pg_url, **extra}
 
@@ -182,7 +199,6 @@ def test_two_workers_share_one_pass_each_job_once(pg_url: str, broker: str, tmp_
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_shard_the_survivor_redoes_it_once(pg_url: str, broker: str, tmp_path: Path) -> None:
-    from gpufleet.analysis.shards import shard_of
 
     fleet = _fleet(pg_url)
     n = 2
@@ -192,15 +208,8 @@ def test_a_worker_killed_mid_shard_the_survivor_redoes_it_once(pg_url: str, brok
     victim = Worker(tmp_path, "victim", env, "analysis:stall", str(stalled))
     survivor = Worker(tmp_path, "survivor", env)
     try:
-        _wait(lambda: victim.ready() and survivor.ready(), 60, "both workers ready", victim.log)
-        _send_pass(broker)
-        _wait(stalled.exists, 60, "the victim to stop in the middle of a shard", victim.log)
-        stalled_pk = int(stalled.read_text().split()[1])
-        shard = shard_of(stalled_pk, n)
-        rest_of_shard = {pk for pk in fleet if shard_of(pk, n) == shard} - {stalled_pk}
-        assert rest_of_shard, "the fleet must put at least two jobs in the victim's shard"
-        victim.kill()
-        killed_at = time.monotonic()
+        stalled_pk, shard, rest_of_shard, killed_at = kill_mid_shard(victim, survivor, stalled, fleet, n,
+                                                                     lambda: _send_pass(broker))
 
         last_tick = [0.0]
 
