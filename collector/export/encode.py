@@ -160,7 +160,7 @@ class Encoder:
         hit = self._cache.get(key)
         if hit is None:
             hit = [self._labels(src, uuid, job, f) for _, f in self.fields]
-            if len(self._cache) >= self.max_cached:
+            if len(self._cache) * len(self.fields) >= self.max_cached:  # max_cached counts series
                 self._cache.clear()
             self._cache[key] = hit
         return hit

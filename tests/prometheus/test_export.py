@@ -92,6 +92,18 @@ def test_vectorised_samples_equal_the_plain_encoding_including_odd_timestamps() 
         assert samples_bytes(ts.astype(np.int64), v) == plain
 
 
+def test_series_of_odd_timestamps_take_the_general_path_and_decode_the_same() -> None:
+    """Timestamps outside 1971-2109 have varints of other lengths: the series are cut by the
+    samples' real sizes, not 18 bytes each."""
+    for t0 in (1.5, 1_790_000_000.0):
+        src = _src([t0, t0 + 1, t0 + 2], {"power_w": [1.0, 2.0, 3.0], "sm_active": [0.5, math.nan, 0.25]})
+        got = _decode(Encoder().series(src)[0])
+        ms = round(t0 * 1000)
+        assert sorted(v for x in got.values() for v in x) == sorted(
+            [(ms, 1.0), (ms + 1000, 2.0), (ms + 2000, 3.0), (ms, 0.5), (ms + 2000, 0.25)])
+        assert len(got) == 4  # (power_w, sm_active) x (GPU-a with j1, GPU-b without a job)
+
+
 def test_queue_is_bounded_drops_oldest_counts_and_survives_a_restart(tmp_path: Path) -> None:
     q = Spool(tmp_path, max_bytes=1000)
     for i in range(5):
