@@ -13,33 +13,42 @@ function setup(thread)
 end
 
 function init(args)
-  local f = assert(io.open(args[1], "rb"))
-  local data = f:read("*a")
-  f:close()
   path = args[2]
   headers = {["Content-Type"] = args[3], ["Content-Encoding"] = "snappy",
              ["X-Prometheus-Remote-Write-Version"] = "0.1.0"}
   -- Bodies are dealt out, not replayed: thread t of nthreads posts bodies offset + t,
-  -- offset + t + nthreads, ... (1-based), so no two requests of a run carry the same body and
-  -- a later run given offset = the previous run's "last" continues where it stopped (a repeat
-  -- is a cheap duplicate for gpufleet, not a measurement). Each thread keeps only its own.
+  -- offset + t + nthreads, ... (1-based, wrapping around), so no two requests of a run carry
+  -- the same body and a later run given offset = the previous run's "last" continues where it
+  -- stopped (a repeat is a cheap duplicate for gpufleet, not a measurement). Each thread reads
+  -- the file record by record and keeps only its own share (LuaJIT's heap is limited).
   offset = tonumber(args[4] or "0")
   nthreads = tonumber(args[5] or "1")
-  local all = {}
-  local pos = 1
-  while pos <= #data do
-    local len = tonumber(data:sub(pos, pos + 9))
-    table.insert(all, {pos + 10, len})
-    pos = pos + 10 + len
+  local f = assert(io.open(args[1], "rb"))
+  n = 0  -- first pass: count the records (lengths only)
+  while true do
+    local head = f:read(10)
+    if not head or #head < 10 then break end
+    f:seek("cur", tonumber(head))
+    n = n + 1
   end
-  n = #all
+  local j = (offset + tid - 1) % n  -- this thread's first body, 0-based
+  local kept, k = {}, 0
+  f:seek("set", 0)
+  while k < n do
+    local len = tonumber(f:read(10))
+    if k % nthreads == j % nthreads then
+      kept[k] = wrk.format("POST", path, headers, f:read(len))
+    else
+      f:seek("cur", len)
+    end
+    k = k + 1
+  end
+  f:close()
+  -- in dealing order from there; past the end it wraps around to this thread's earlier ones
+  -- (a run that wraps repeats bodies, and the bench warns)
   mine = {}
-  local k = offset + tid
-  for _ = 1, math.ceil(n / nthreads) do
-    local b = all[((k - 1) % n) + 1]
-    table.insert(mine, wrk.format("POST", path, headers, data:sub(b[1], b[1] + b[2] - 1)))
-    k = k + nthreads
-  end
+  for b = j, n - 1, nthreads do table.insert(mine, kept[b]) end
+  for b = j % nthreads, j - 1, nthreads do table.insert(mine, kept[b]) end
   i = 0
   st = {}
 end

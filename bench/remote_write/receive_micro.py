@@ -11,6 +11,11 @@ cache (what a Prometheus shard's steady state is):
   write    storage.writes.write_batches of all the body's batches in one transaction (SQLite,
            or --db URL), fresh batch keys each run so nothing is a duplicate
 
+and, the A/B figure (run it with the old tree first on PYTHONPATH for the before), the
+receiver's whole per-request CPU before the write: ``Receiver._parse`` (snappy, digest, the
+columnar scan and conversion, checks) over distinct bodies in send order, CPU time per body,
+the median of --repeat passes.
+
 Run:  .venv/bin/python bench/remote_write/receive_micro.py [--nodes 50] [--repeat 20] [--db URL]
 """
 
@@ -24,7 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# isort: off
+# gpufleet before run.py: bench/ingest/run.py (which it loads) puts this repo first on sys.path,
+# and an older tree given first on PYTHONPATH (the A/B "before") must stay the one measured
+import gpufleet.collector.remote_write.receiver  # noqa: F401
 import run as rw_bench  # bench/remote_write/run.py (this directory is on sys.path when run as a script)
+# isort: on
 
 from gpufleet.collector.columns import prepare
 from gpufleet.collector.remote_write import wire
@@ -79,8 +89,10 @@ def main() -> None:
     stages: dict[str, float] = {}
     stages["snappy"], _ = best(lambda: wire.unsnappy(body, max_size=limit), args.repeat)
     stages["decode"], _ = best(lambda: wire.decode(raw, series.known), args.repeat)
-    stages["digest"], _ = best(lambda: hashlib.blake2b(raw, digest_size=12, person=b"gpufleet-rw",
+    stages["digest"], _ = best(lambda: hashlib.blake2b(body, digest_size=12, person=b"gpufleet-rw",
                                                        key=b"bench").hexdigest(), args.repeat)
+    t_raw_digest, _ = best(lambda: hashlib.blake2b(raw, digest_size=12, person=b"gpufleet-rw",
+                                                   key=b"bench").hexdigest(), args.repeat)
 
     def conv(digest: str = "d") -> Conversion:
         return convert(req, series, rates, cluster="bench", digest=digest, now=now, max_age_s=None,
@@ -147,9 +159,52 @@ def main() -> None:
     print(f"  {'total':8s} {total * 1e3:8.3f} ms  ({len(req.series) / total:,.0f} samples/s on one core)")
     col_total = total - stages["decode"] - stages["convert"] - stages["prepare"] + t_col
     assert ccv is not None and sum(p.n for p in ccv.prepared) == rows
+    print(f"digest of the decompressed body (the key before session 3): {t_raw_digest * 1e3:.3f} ms")
     print(f"columnar (scan + convert_columnar + check_batch, replacing decode/convert/prepare): {t_col * 1e3:.3f} ms;"
           f" total {col_total * 1e3:.3f} ms ({len(req.series) / col_total:,.0f} samples/s on one core)")
 
 
+def receiver_parse(nodes: int, windows: int, repeat: int) -> None:
+    """CPU per request of ``Receiver._parse`` on the bench's bodies, as a running collector
+    sees them: a warm series cache (the first scrapes), then the later scrapes in send order."""
+    import statistics
+    from types import SimpleNamespace
+
+    from gpufleet.collector.remote_write.receiver import Receiver
+
+    now = time.time()
+    all_bodies = bodies(nodes, windows, now)
+    per_scrape = -(-nodes * 8 * len(rw_bench.DCGM_FIELDS) // rw_bench.SAMPLES_PER_SEND)
+    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0),
+                           settings=SimpleNamespace(http=SimpleNamespace(max_rows_per_batch=20_000)))
+    passes = []
+    for _ in range(repeat):
+        rec = Receiver(coll)
+        for b in all_bodies[:2 * per_scrape]:  # the series cache and the counters' previous samples
+            c = rec._parse(b, "bench", 64 << 20)
+            assert not isinstance(c, tuple), c
+            rec.rates.commit(c.rate_updates)
+        todo = all_bodies[2 * per_scrape:]
+        t = time.process_time()
+        for b in todo:
+            c = rec._parse(b, "bench", 64 << 20)
+            assert not isinstance(c, tuple), c
+            rec.rates.commit(c.rate_updates)
+        passes.append((time.process_time() - t) / len(todo))
+    med = statistics.median(passes)
+    import gpufleet.collector.remote_write.receiver as mod
+
+    print(f"({mod.__file__})")
+    print(f"Receiver._parse: {med * 1e3:.3f} ms CPU per {rw_bench.SAMPLES_PER_SEND}-sample body (median of {repeat} "
+          f"passes over {len(all_bodies) - 2 * per_scrape} bodies; min {min(passes) * 1e3:.3f})")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--parse" in sys.argv:  # the A/B figure: [--parse NODES WINDOWS REPEAT]
+        i = sys.argv.index("--parse")
+        n, w, r = (int(x) for x in (sys.argv[i + 1:i + 4] + ["100", "8", "5"][len(sys.argv[i + 1:i + 4]):]))
+        receiver_parse(n, w, r)
+    else:
+        main()

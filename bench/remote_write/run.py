@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.append(str(REPO))  # after PYTHONPATH: an older tree put first there is the one measured
+sys.path.append(str(REPO / "bench"))
 
 def _ingest_bench() -> Any:
     # bench/ingest/run.py: the ingest bench's fixtures and process helpers (same file name as
