@@ -70,6 +70,16 @@ class MinuteFeatures:
         return MinuteFeatures(self.b0, n, f, interval)
 
 
+def median1d(v: np.ndarray) -> float:
+    """``float(np.median(v))`` of a 1-D array without NaN (not empty), exactly: the middle
+    value, or the mean of the middle two as np.median takes it ((a + b) / 2); np.median's
+    partition and checks cost ~10x this on the few values a job's evidence has."""
+    n = len(v)
+    s = sorted(v.tolist()) if n <= 64 else np.sort(v)[n // 2 - 1:n // 2 + 1].tolist()  # (the middle two)
+    h = len(s) // 2
+    return float(s[h]) if n % 2 else (s[h - 1] + s[h]) / 2.0
+
+
 def _segment_sum(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.add.reduceat(x, starts) if len(x) else np.zeros(0)
 
@@ -215,16 +225,25 @@ def add_histograms(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[s
 
 def hist_quantile(h: np.ndarray, q: float) -> float | None:
     """Quantile from 0.01-wide bins, interpolated inside the bin."""
+    return hist_quantiles(h, (q,))[0]
+
+
+def hist_quantiles(h: np.ndarray, qs: tuple[float, ...]) -> list[float | None]:
+    """``hist_quantile`` of each of ``qs``, the bins' running sum made once."""
     total = float(h.sum())
     if total <= 0:
-        return None
+        return [None] * len(qs)
     cum = np.cumsum(h)
-    target = q * total
-    i = int(np.searchsorted(cum, target, side="left"))
-    i = min(i, len(h) - 1)
-    before = float(cum[i - 1]) if i > 0 else 0.0
-    inside = float(h[i]) or 1.0
-    return round((i + (target - before) / inside) / HIST_BINS, 4)
+    hl = h.tolist()
+    cl = cum.tolist()
+    out: list[float | None] = []
+    for q, i in zip(qs, np.searchsorted(cum, [q * total for q in qs], side="left").tolist(), strict=True):
+        target = q * total
+        i = min(i, len(h) - 1)
+        before = float(cl[i - 1]) if i > 0 else 0.0
+        inside = float(hl[i]) or 1.0
+        out.append(round((i + (target - before) / inside) / HIST_BINS, 4))
+    return out
 
 
 def _at(idx: list[int]) -> slice | list[int]:
@@ -318,4 +337,4 @@ def state_interval(c: dict[str, np.ndarray], gi: np.ndarray) -> float:
         same = gi[order][1:] == gi[order][:-1]
         sp = (c["first_ts"][order][1:] - c["last_ts"][order][:-1])[same]
     sp = sp[sp > 0]
-    return max(0.1, round(float(np.median(sp)), 1)) if len(sp) else 1.0
+    return max(0.1, round(median1d(sp), 1)) if len(sp) else 1.0

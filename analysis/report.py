@@ -14,7 +14,7 @@ from gpufleet.catalog import CATALOG
 from .config import Thresholds, load_thresholds
 from .detectors import Finding, JobContext, JobView, run_detectors
 from .detectors.base import CounterMinutes, MinuteSignals
-from .features import HIST_FIELDS, MinuteFeatures, hist_quantile
+from .features import HIST_FIELDS, MinuteFeatures, hist_quantiles
 from .windows import build_windows, nz
 from .workload import WorkloadClass, from_pattern
 
@@ -64,11 +64,12 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     sample (default: the edges of the minutes with data)."""
     th = th or load_thresholds()
     g = len(meta.gpu_uuids)
-    has = np.flatnonzero(feats.n.sum(axis=0) > 0) if feats.n.size else np.zeros(0, dtype=int)
-    if first_ts is None:
-        first_ts = float((feats.b0 + has[0]) * 60) if len(has) else (meta.start_ts or 0.0)
-    if last_ts is None:
-        last_ts = float((feats.b0 + has[-1] + 1) * 60) if len(has) else first_ts
+    if first_ts is None or last_ts is None:
+        has = np.flatnonzero(feats.n.sum(axis=0) > 0) if feats.n.size else np.zeros(0, dtype=int)
+        if first_ts is None:
+            first_ts = float((feats.b0 + has[0]) * 60) if len(has) else (meta.start_ts or 0.0)
+        if last_ts is None:
+            last_ts = float((feats.b0 + has[-1] + 1) * 60) if len(has) else first_ts
     start = meta.start_ts if meta.start_ts is not None else first_ts
     end = meta.end_ts if (meta.end_ts is not None and not meta.running) else last_ts
     end = max(end, start)
@@ -99,9 +100,8 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     stats: dict[str, dict[str, float | None]] = {}
     for name, feat in HIST_FIELDS.items():
         h = hist.get(name)
-        stats[name] = {"mean": _r(_weighted_mean(feats.f[feat], n)) if n.size else None,
-                       "p50": hist_quantile(h, 0.5) if h is not None else None,
-                       "p95": hist_quantile(h, 0.95) if h is not None else None}
+        p50, p95 = hist_quantiles(h, (0.5, 0.95)) if h is not None else (None, None)
+        stats[name] = {"mean": _r(_weighted_mean(feats.f[feat], n)) if n.size else None, "p50": p50, "p95": p95}
 
     # Active GPU-hours: the allocated time scaled by the share of observed GPU time not idle.
     active_share = None

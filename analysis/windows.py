@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .features import MinuteFeatures
+from .features import MinuteFeatures, median1d
+
+__all__ = ["median1d"]  # (kept here too: the detectors take their helpers from windows)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,26 @@ class Windows:
         return float((self.b0 + (k + 1) * self.w_min) * 60)
 
 
+_FMAX = float(np.finfo(np.float64).max)
+
+
+def nz_lt(x: np.ndarray, c: float, nan: float = 0.0) -> np.ndarray:
+    """``nz(x, nan) < c`` without making ``nz(x)``: for a finite threshold, an infinity compares
+    as the largest finite float it would become."""
+    if not -_FMAX < c < _FMAX:
+        return nz(x, nan) < c
+    out = x < c
+    return out | np.isnan(x) if nan < c else out
+
+
+def nz_ge(x: np.ndarray, c: float, nan: float = 0.0) -> np.ndarray:
+    """``nz(x, nan) >= c`` without making ``nz(x)`` (as ``nz_lt``)."""
+    if not -_FMAX < c < _FMAX:
+        return nz(x, nan) >= c
+    out = x >= c
+    return out | np.isnan(x) if nan >= c else out
+
+
 def _reshape(x: np.ndarray, w: int, fill: float) -> np.ndarray:
     """(..., M) -> (..., K, w): minutes into windows of ``w``, the last padded with ``fill``."""
     m = x.shape[-1]
@@ -99,15 +121,6 @@ def nz(x: np.ndarray, nan: float = 0.0) -> np.ndarray:
     return np.nan_to_num(y) if np.isinf(y).any() else y
 
 
-def median1d(v: np.ndarray) -> float:
-    """``float(np.median(v))`` of a 1-D array without NaN (not empty), exactly: the middle
-    value, or the mean of the middle two as np.median takes it ((a + b) / 2); np.median's
-    partition and checks cost ~10x this on the few values a job's evidence has."""
-    s = sorted(v.tolist())
-    h = len(s) // 2
-    return float(s[h]) if len(s) % 2 else (s[h - 1] + s[h]) / 2.0
-
-
 # Window means weighted by samples, and by busy samples (the "while busy" features).
 BY_SAMPLES = ("sm", "occ", "tensor", "dram", "gpu_util", "fp32", "fp64", "power", "clock",
               "nvl_tx", "nvl_rx", "ib_tx", "ib_rx", "pcie_rx", "busy_frac")
@@ -123,15 +136,15 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -
     for names, weight in ((BY_SAMPLES, n), (BY_BUSY, nb)):
         means = wmean(np.stack([f[name] for name in names]), weight, w)
         out.update(zip(names, means, strict=True))
-    # Transitions per minute, over the minutes that had raw samples to count them in.
-    trans_minutes = wsum((~np.isnan(f["trans"])).astype(np.float64), w)
+    # Transitions per minute, over the minutes that had raw samples to count them in (the
+    # window sums side by side in one call, as the maxima below).
+    trans_minutes, trans, n_sum = wsum(np.stack([(~np.isnan(f["trans"])).astype(np.float64), f["trans"], n]), w)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["trans_rate"] = np.where(trans_minutes > 0, wsum(f["trans"], w) / np.maximum(trans_minutes, 1), np.nan)
+        out["trans_rate"] = np.where(trans_minutes > 0, trans / np.maximum(trans_minutes, 1), np.nan)
     bits = _reshape(nz(f["reasons_or"]).astype(np.int64), w, 0)
-    out["throttle_reasons"] = np.bitwise_or.reduce(bits, axis=2).astype(np.float64)
-    out["fb_used_max"] = wmax(f["fb_used_max"], w)
-    out["fb_total"] = wmax(f["fb_total"], w)
-    obs = np.minimum(wsum(n, w) * feats.interval_s, w * 60.0)
+    out["throttle_reasons"] = np.bitwise_or.reduce(bits, axis=-1).astype(np.float64)
+    out["fb_used_max"], out["fb_total"] = wmax(np.stack([f["fb_used_max"], f["fb_total"]]), w)
+    obs = np.minimum(n_sum * feats.interval_s, w * 60.0)
     valid = obs >= min_coverage * w * 60.0
     return Windows(w_min=w, b0=feats.b0, k=obs.shape[1], obs_s=obs, valid=valid, f=WindowFeatures(**out))
 

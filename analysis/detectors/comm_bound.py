@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, masked_median, nz, share
+from ..windows import episode_mask, masked_median, nz, nz_lt, share
 from .base import Finding, Found, JobView, Signals, make_finding, r3
 
 KIND = "comm_bound"
@@ -37,7 +37,9 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f, lim = job.w.f, job.ctx.limits
     nvl, ib = link_utilisation(job)
     link = np.fmax(nz(nvl), nz(ib))
-    per_gpu = job.active & (link >= cfg.link_util_min) & (nz(f.sm, nan=1.0) < cfg.sm_active_max)
+    per_gpu = job.active & (link >= cfg.link_util_min) & nz_lt(f.sm, cfg.sm_active_max, nan=1.0)
+    if cfg.gpu_share_min > 0 and not per_gpu.any():
+        return []  # no GPU-window qualifies: no share reaches a positive minimum, no episode
     det = job.episodes(job.valid_k & (job.n_active > 0) & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
     if not det:
         return []

@@ -38,8 +38,12 @@ class Config(KindConfig):
     critical_after_s: float
 
 
-def _minute_mask(job: JobView, cfg: Config) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _minute_mask(job: JobView, cfg: Config) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(GPU-minutes hung, minutes the job is hung, minutes judged); None when no GPU-minute
+    had NVML utilisation that high (a hung minute needs one: the usual case stops here)."""
     m = job.minutes
+    if not (m.gpu_util >= cfg.gpu_util_min).any():
+        return None
     has = m.n > 0
     quiet = ((m.gpu_util >= cfg.gpu_util_min) & (m.sm <= cfg.sm_active_max)
              & ~(m.tensor > cfg.tensor_active_max) & ~(m.dram > cfg.dram_active_max)
@@ -52,7 +56,10 @@ def _minute_mask(job: JobView, cfg: Config) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
-    per_gpu, job_hung, valid_m = _minute_mask(job, cfg)
+    masks = _minute_mask(job, cfg)
+    if masks is None:
+        return []
+    per_gpu, job_hung, valid_m = masks
     if not job_hung.any():
         return []
     det = find_episodes(job_hung, valid_m, 60.0, cfg.min_duration_s, cfg.min_fraction)

@@ -26,6 +26,8 @@ def _max_or_none(x: np.ndarray) -> float | None:
 
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
+    if not job.idle.any():
+        return []  # (all_idle needs an idle GPU in the window)
     all_idle = job.valid_k & (job.n_active == 0) & (job.idle.sum(axis=0) > 0)
     det = job.episodes(all_idle, cfg)
     if not det:

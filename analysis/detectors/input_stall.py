@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, nz, share
+from ..windows import episode_mask, nz, nz_ge, share
 from .base import Finding, Found, JobView, Signals, make_finding, r3
 
 KIND = "input_stall"
@@ -31,8 +31,9 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f = job.w.f
     bf = f.busy_frac
     per_gpu = (job.active & (bf >= cfg.busy_frac_min) & (bf <= cfg.busy_frac_max)
-               & (nz(f.trans_rate) >= cfg.transitions_per_min_min)
-               & (nz(f.busy_sm) >= cfg.busy_sm_active_min))
+               & nz_ge(f.trans_rate, cfg.transitions_per_min_min) & nz_ge(f.busy_sm, cfg.busy_sm_active_min))
+    if cfg.gpu_share_min > 0 and not per_gpu.any():
+        return []  # no GPU-window qualifies: no share reaches a positive minimum, no episode
     det = job.episodes(job.valid_k & (job.n_active > 0) & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
     if not det:
         return []

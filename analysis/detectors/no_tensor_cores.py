@@ -33,6 +33,12 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     if job.ctx.workload_class == "hpc":
         return []  # simulation codes (MD, CFD, lattice) mostly have no tensor-core path to enable
     f = job.w.f
+    # A median below (at or above) a threshold needs one of its values below (at or above) it:
+    # where no active GPU-window has little tensor use, or none is busy enough, no window can
+    # qualify, and the medians are not needed.
+    if not (job.active & (f.tensor < cfg.tensor_active_max)).any() or not (
+            job.active & (f.sm >= cfg.sm_active_min)).any():
+        return []
     med_t, med_sm, med_fp64, med_dram = job.active_medians(f.tensor, f.sm, f.fp64, f.dram)
     mask = (job.valid_k & (job.n_active > 0) & (med_t < cfg.tensor_active_max) & (med_sm >= cfg.sm_active_min)
             & ~(med_fp64 >= cfg.fp64_active_max) & ~(med_dram >= cfg.dram_active_max))

@@ -32,10 +32,15 @@ class Config(KindConfig):
     node_share_min: float  # this share of a node's GPUs deviating makes it a node-level straggler
 
 
-def _ref_mad(x: np.ndarray, peers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    ref = masked_median(x, peers)
-    mad = 1.4826 * masked_median(np.abs(x - ref[None, :]), peers)
-    return ref, nz(mad)
+def _ref_mad(xs: tuple[np.ndarray, ...], peers: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each (G, K) ``x``'s peer median and scaled MAD per window, all of them in one call (side
+    by side as columns: a median is per column, so this is each one's arithmetic)."""
+    x = np.concatenate(xs, axis=1)
+    p = np.tile(peers, len(xs))
+    ref = masked_median(x, p)
+    mad = nz(1.4826 * masked_median(np.abs(x - ref[None, :]), p))
+    k = xs[0].shape[1]
+    return [(ref[i * k:(i + 1) * k], mad[i * k:(i + 1) * k]) for i in range(len(xs))]
 
 
 @dataclass
@@ -98,8 +103,7 @@ def _deviants(job: JobView, cfg: Config) -> list[Deviant]:
         return nz(d) >= np.maximum(z * mad, np.maximum(rel * np.abs(ref), floor))
 
     # GPU level: against the median of all active GPUs.
-    ref_c, mad_c = _ref_mad(clock, act)
-    ref_s, mad_s = _ref_mad(sm, act)
+    (ref_c, mad_c), (ref_s, mad_s) = _ref_mad((clock, sm), act)
     slow_clock = act & deviates(clock, ref_c[None, :], mad_c[None, :], -1.0, 20.0)
     busier = act & deviates(sm, ref_s[None, :], mad_s[None, :], +1.0, 0.05)
     gpu_dev = slow_clock | busier
@@ -116,10 +120,9 @@ def _deviants(job: JobView, cfg: Config) -> list[Deviant]:
         mine = np.repeat(in_node, k, axis=1) & np.tile(act, len(node_names))  # (G, N*K)
         others = np.repeat(~in_node, k, axis=1) & np.tile(act, len(node_names))
         clock_n, sm_n = np.tile(clock, len(node_names)), np.tile(sm, len(node_names))
-        oc, mc = _ref_mad(clock_n, others)
-        os_, ms = _ref_mad(sm_n, others)
-        xc = masked_median(clock_n, mine)
-        xs = masked_median(sm_n, mine)
+        (oc, mc), (os_, ms) = _ref_mad((clock_n, sm_n), others)
+        xcs = masked_median(np.concatenate((clock_n, sm_n), axis=1), np.tile(mine, 2))
+        xc, xs = xcs[:len(node_names) * k], xcs[len(node_names) * k:]
         dev = deviates(xc, oc, mc, -1.0, 20.0) | deviates(xs, os_, ms, +1.0, 0.05)
         frac = share(np.tile(gpu_dev, len(node_names)), mine)
         n_mine = mine.sum(axis=0)

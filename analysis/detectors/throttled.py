@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..config import KindConfig
-from ..windows import episode_mask, nz, share
+from ..windows import episode_mask, nz, nz_ge, nz_lt, share
 from .base import Finding, Found, JobView, Signals, make_finding
 from .straggler import Config as StragglerConfig
 
@@ -51,8 +51,9 @@ class Config(KindConfig):
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f, lim = job.w.f, job.ctx.limits
     ratio = f.clock_busy / lim.max_sm_clock_mhz
-    per_gpu = job.active & (nz(ratio, nan=1.0) < cfg.clock_ratio_max) & (
-        nz(f.throttle_frac) >= cfg.throttle_frac_min)
+    per_gpu = job.active & nz_lt(ratio, cfg.clock_ratio_max, nan=1.0) & nz_ge(f.throttle_frac, cfg.throttle_frac_min)
+    if cfg.gpu_share_min > 0 and not per_gpu.any():
+        return []  # no GPU-window qualifies: no share reaches a positive minimum, no episode (sh > 0 neither)
     min_peers = job.th.get(StragglerConfig).min_gpus
     sh = share(per_gpu, job.active)
     # Few GPUs: no peers to compare, any throttled GPU is the job's problem.
