@@ -257,10 +257,16 @@ def _pg_rows(session: Session, sql: str, params: dict[str, Any], ncols: int, *, 
     """The rows of ``sql`` as a (rows, ncols) float64 array, without a Python object per value."""
     dbapi: Any = session.connection().connection.dbapi_connection
     with dbapi.cursor(binary=True) as cur:
+        # never a prepared (generic) plan: planned for an average job (~10 rows) it sorted a
+        # 64-GPU day's 92k rows for a GroupAggregate, 20% slower than the hash this job gets
         if grouped:
-            # a 64-GPU day groups into ~23k rows: hashed in memory, not spilled to disk
-            cur.execute("SET LOCAL work_mem = '32MB'")
-        cur.execute(sql, params)
+            # a 64-GPU day groups into ~23k rows: hashed in memory, not spilled to disk; the
+            # SET is pipelined with the query (one round trip)
+            with dbapi.pipeline():
+                cur.execute("SET LOCAL work_mem = '32MB'")
+                cur.execute(sql, params, prepare=False)
+        else:
+            cur.execute(sql, params, prepare=False)
         got = cur.fetchone()
     if got is None or got[0] is None:
         return np.empty((0, ncols))
