@@ -15,6 +15,7 @@ measured in the same run on the same machine:
      p50 latency beside VictoriaMetrics answering the same question.
 
 Run:  .venv/bin/python bench/ingest/run.py [--quick]
+      .venv/bin/python bench/ingest/run.py --only query [--query-gpus 8]   # parts 5 and 6 alone
 It creates and drops its own database (gpufleet_bench_<pid>) on --pg-admin (default the
 local server) and its own VictoriaMetrics data directory; it never touches anything else.
 Needs `wrk` and `victoria-metrics` (Debian packages); installs them with apt-get when run
@@ -827,6 +828,9 @@ def main() -> int:
     ap.add_argument("--skip", action="append", default=[],
                     choices=["pg", "vm", "text", "jsonl", "rw", "copy", "sqlite", "query"],
                     help="leave out a part (vm: all three VictoriaMetrics inputs; text/jsonl/rw: one of them)")
+    ap.add_argument("--only", choices=["query"], default=None,
+                    help="query: only the storage and query part (the --skip of pg, vm, copy and sqlite); with "
+                         "--query-gpus 8 a 24 h window loads in a fraction of the 64-GPU time")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds of the PostgreSQL / VictoriaMetrics / COPY ingest runs, interleaved (default 1)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -835,6 +839,8 @@ def main() -> int:
     args.warmup = args.warmup or (3.0 if args.quick else 5.0)
     args.windows = args.windows or (32 if args.quick else 64)
     args.query_hours = args.query_hours or (2.0 if args.quick else 24.0)
+    if args.only == "query":
+        args.skip += ["pg", "vm", "copy", "sqlite"]
 
     tools = locate_tools()
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
@@ -842,9 +848,12 @@ def main() -> int:
                            "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     try:
         now = time.time()
-        tpl = Templates(args.nodes, now, windows=args.windows)
+        ingest = "pg" not in args.skip or "sqlite" not in args.skip
+        # --only query: one window, not the ingest runs' bodies (minutes to build for nothing)
+        tpl = Templates(args.nodes, now, windows=args.windows if ingest else 1)
         proto = tmp / "proto.bin"
-        res["body_bytes_protocol"] = tpl.write_protocol(proto)
+        if ingest:
+            res["body_bytes_protocol"] = tpl.write_protocol(proto)
         # VictoriaMetrics has no idempotency or rollups to keep honest: one window of the
         # same rows is enough (and keeps wrk's memory for 375 KB text bodies bounded). The
         # same seed makes them the very rows of gpufleet's first window.
@@ -948,7 +957,7 @@ def report(r: dict[str, Any]) -> None:
         if x.get("wal_bytes_per_gpu_sample"):
             note += f"; WAL <= {x['wal_bytes_per_gpu_sample']:.0f} B per GPU-sample"
         print(f"| {x['name']} | {fmt(x['rows_s'])} | {fmt(x['field_samples_s'])} | {lat[0]} | {lat[1]} | {note} |")
-    rounds = r.get("rounds") or []
+    rounds = [x for x in r.get("rounds") or [] if x.get("pg") or x.get("vm")]  # none with --only query
     per = [ratio_cells(x) for x in rounds]
     if rounds:
         print(f"\n{len(rounds)} interleaved round(s) (the table above is the last); gpufleet's field-samples/s "
