@@ -10,8 +10,6 @@ with ``lo - BLOCK_S < t0 < hi``, an index range."""
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 from sqlalchemy import Connection
 
@@ -21,12 +19,7 @@ from gpufleet.storage.sample_codec import LZ4, encode_blocks
 BLOCK_S = 600.0  # divides a day: blocks stay inside their daily partition
 BLOCK_COLUMNS = ("gpu_pk", "job_pk", "t0", "t1", "n", "data")
 COPY_SQL = f"COPY gpu_sample_blocks ({', '.join(BLOCK_COLUMNS)}) FROM STDIN WITH (FORMAT binary)"
-# Binary COPY framing (header, per-row field count and lengths, trailer), packed here: one
-# struct call per block instead of psycopg's per-row, per-field dumpers.
-_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
-_COPY_TRAILER = b"\xff\xff"
-_ROW = struct.Struct(">hiiiiidid" + "ii" + "i")  # 6 fields: gpu, job, t0, t1, n, then data's length
-_ROW_NO_JOB = struct.Struct(">hiii" + "id" + "id" + "ii" + "i")  # job_pk NULL: its length -1 alone
+_COPY_TYPES = ("int4", "int4", "float8", "float8", "int4", "bytea")
 _INSERT_SQL = f"INSERT INTO gpu_sample_blocks ({', '.join(BLOCK_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)"
 
 BlockRow = tuple[int, int | None, float, float, int, bytes]
@@ -59,23 +52,11 @@ def write_block_rows(conn: Connection, rows: list[BlockRow]) -> None:
         raw = conn.connection.driver_connection
         # the DBAPI connection is Optional in SQLAlchemy's types; set on a checked-out connection
         with raw.cursor() as cur, cur.copy(COPY_SQL) as cp:  # type: ignore[union-attr]
-            cp.write(copy_payload(rows))
+            cp.set_types(list(_COPY_TYPES))
+            for r in rows:
+                cp.write_row(r)
         return
     conn.exec_driver_sql(_INSERT_SQL, rows)
-
-
-def copy_payload(rows: list[BlockRow]) -> bytes:
-    """``rows`` in PostgreSQL's binary COPY format (``COPY_SQL``'s columns)."""
-    parts = [_COPY_HEADER]
-    row, row_no_job = _ROW.pack, _ROW_NO_JOB.pack
-    for g, j, t0, t1, n, data in rows:
-        if j is None:
-            parts.append(row_no_job(6, 4, g, -1, 8, t0, 8, t1, 4, n, len(data)))
-        else:
-            parts.append(row(6, 4, g, 4, j, 8, t0, 8, t1, 4, n, len(data)))
-        parts.append(data)
-    parts.append(_COPY_TRAILER)
-    return b"".join(parts)
 
 
 def insert_samples(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> None:

@@ -29,6 +29,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+# gpufleet first, from PYTHONPATH when one is set (an A/B's old tree): run.py puts this
+# checkout first on sys.path, but submodules are found through the package already imported.
+import gpufleet  # noqa: E402, F401, I001
 import run as bench  # noqa: E402  (the ingest bench's templates)
 from pgscratch import scratch_database  # noqa: E402
 
@@ -118,21 +121,29 @@ def main() -> int:
     out["client_cpu_us_row"] = sum(g[2] for g in steady) / rows * 1e6
     out["backend_cpu_us_row"] = sum(g[3] for g in steady) / rows / 1e3
     out["wal_bytes_per_gpu_sample"] = sum(g[4] for g in steady) / rows
+    # Medians of the groups too: a loaded machine inflates some groups' CPU (cache and core
+    # sharing), and the median shrugs those off where the sum does not.
+    out["client_cpu_us_row_median"] = statistics.median(g[2] / g[0] * 1e6 for g in steady)
+    out["backend_cpu_us_row_median"] = statistics.median(g[3] / g[0] / 1e3 for g in steady)
     hot: dict[str, tuple[int, int]] = {}
     for name, upd, hupd in stats:
         base = next(t for t in _UPDATED if name.startswith(t))
         u, h = hot.get(base, (0, 0))
         hot[base] = (u + int(upd or 0), h + int(hupd or 0))
     if a.json:
-        print(json.dumps({**out, "hot": hot, "groups": len(steady)}))
+        import gpufleet.storage.writes as tree  # which tree ran (an A/B's old side is on PYTHONPATH)
+
+        print(json.dumps({**out, "hot": hot, "groups": len(steady), "tree": tree.__file__}))
         return 0
     if "decode_us" in out:
         print(f"decode_prepared: {out['decode_us']:.1f} us per 80-row body")
         print(f"check_batch:     {out['check_us']:.1f} us")
     print(f"write_batches, groups of 50 batches, {len(steady)} steady groups:")
     print(f"  wall (median)    {out['wall_us_row_median']:.2f} us per row")
-    print(f"  client CPU       {out['client_cpu_us_row']:.2f} us per row")
-    print(f"  PostgreSQL CPU   {out['backend_cpu_us_row']:.2f} us per row (the backend's schedstat)")
+    print(f"  client CPU       {out['client_cpu_us_row']:.2f} us per row "
+          f"(median of the groups {out['client_cpu_us_row_median']:.2f})")
+    print(f"  PostgreSQL CPU   {out['backend_cpu_us_row']:.2f} us per row "
+          f"(median {out['backend_cpu_us_row_median']:.2f}; the backend's schedstat)")
     print(f"  WAL              {out['wal_bytes_per_gpu_sample']:.0f} B per GPU-sample")
     for t, (u, h) in hot.items():
         print(f"  {t}: {u} updates, {h} HOT ({h / max(u, 1):.0%})")
