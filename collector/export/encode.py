@@ -3,11 +3,13 @@
 A series is (metric ``gpufleet_<field>``, the configured labels of its GPU and job). Its labels'
 encoding is cached; its samples are encoded with numpy: a sample whose timestamp lies between
 1971 and 2109 in milliseconds (a 6-byte varint) has a fixed 18-byte encoding, so a column of
-them is one array operation instead of a Python call per value. NaN (not available) is never
-exported: a missing reading stays missing downstream too."""
+them is three array assignments instead of a Python call per value, and a GPU's series but for
+their sample bytes (heads and labels) are a cached layout the samples are scattered into.
+NaN (not available) is never exported: a missing reading stays missing downstream too."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +57,15 @@ def _ts_varints(ts_ms: np.ndarray) -> np.ndarray:
     return out
 
 
+_AR18 = np.arange(18, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=1024)
+def _zeros(n: int) -> bytes:
+    """The hole a series' samples are written into (shared by every layout of that size)."""
+    return bytes(n)
+
+
 def samples_bytes(ts_ms: np.ndarray, values: np.ndarray, rows: np.ndarray | None = None) -> bytes:
     """Encoded Sample fields (tag, length, message) for aligned int64 ms / float64 arrays; with
     ``rows``, ``ts_ms`` holds one timestamp per row and sample i has timestamp ts_ms[rows[i]]
@@ -86,6 +97,7 @@ class Encoder:
         self.fields = [(_NAMES.index(f), f) for f in names]
         self.labels = tuple(labels)
         self._cache: dict[tuple[str, str, str, str | None], list[bytes]] = {}
+        self._layouts: dict[tuple[str, str, str, str | None, bytes], tuple[list[bytes], np.ndarray]] = {}
         self.max_cached = max_cached
 
     def _labels(self, src: RowSource, uuid: str, job: str | None, field: str) -> bytes:
@@ -104,55 +116,95 @@ class Encoder:
         their sample count.
 
         Vectorised over all of them at once (the per-call cost of numpy is paid once per body,
-        not once per 80-row batch): rows sorted by (source, GPU, job, ts) make every series'
-        samples one contiguous run of the field's column, so all samples of all series are
-        encoded by one array operation and each series is a view of that buffer; the series
-        are joined from C-level maps over their pieces, with no Python frame per series."""
+        not once per 80-row batch). Rows sorted by (source, GPU, job, ts) and taken field by
+        field within each GPU make every series' samples one contiguous run, encoded by one
+        array operation. A GPU's series, but for the sample bytes, depend only on its labels
+        and its samples per field: that byte layout is cached per (GPU, job, counts) (an
+        agent's batches repeat it), the body is the join of its GPUs' layouts and the samples
+        are written into the holes by one scatter; no Python frame per series."""
         srcs = [x for x in srcs if len(x.ts)]
         if not srcs:
             return b"", 0
-        keys: dict[tuple[int, str, str | None], int] = {}
-        gid = np.concatenate([np.fromiter((keys.setdefault((k, g, j), len(keys))
-                                           for g, j in zip(x.gpu, x.job, strict=True)), dtype=np.int64, count=len(x.ts))
-                              for k, x in enumerate(srcs)])
+        groups: list[tuple[int, str, str | None]] = []  # (source, GPU, job) by group id
+        ids = []
+        for k, x in enumerate(srcs):
+            of: dict[tuple[str, str | None], int] = dict.fromkeys(zip(x.gpu, x.job, strict=True))  # type: ignore[arg-type]
+            for key in of:  # a source's GPUs in order of appearance: few
+                of[key] = len(groups)
+                groups.append((k, *key))
+            ids.append(np.fromiter(map(of.__getitem__, zip(x.gpu, x.job, strict=True)), np.int64, len(x.ts)))
+        gid = np.concatenate(ids)
         ts_all = np.concatenate([np.asarray(x.ts, dtype=np.float64) for x in srcs])
         order = np.lexsort((ts_all, gid))  # by series, then time: receivers want a series' samples in order
-        gsorted = gid[order]
         ts_ms = np.rint(ts_all[order] * 1000.0).astype(np.int64)
         rows = [j for j, _ in self.fields]
         vals = np.concatenate([x.vals[rows] for x in srcs], axis=1)[:, order]  # (exported fields, n)
-        ok = ~np.isnan(vals)
-        if not ok.any():
-            return b"", 0
-        fi, ri = np.nonzero(ok)  # field-major: series (field, group) are contiguous runs
-        buf = samples_bytes(ts_ms, vals[fi, ri], ri)
-        series_id = fi * len(keys) + gsorted[ri]
-        cuts = np.flatnonzero(np.diff(series_id)) + 1
-        starts = np.concatenate(([0], cuts))
-        if len(buf) == 18 * len(series_id):
-            at = 18 * np.append(starts, len(series_id))  # byte offsets of each series' samples
-        else:  # odd timestamps (before 1971, after 2109): per-sample lengths vary
-            lens = np.fromiter((len(wire.encode_sample(int(t), 0.0)) for t in ts_ms[ri]), np.int64, len(ri))
-            at = np.concatenate(([0], np.cumsum(lens)))[np.append(starts, len(series_id))]
-        groups = list(keys)
+        nf, n = vals.shape
         ng = len(groups)
-        # every piece by a C-level map (no Python frame per series): a series is its head
-        # (tag + length varint), its label bytes (cached per GPU, job and field) and a view of
-        # its samples in ``buf``
-        table = [lab for k, u, j in groups for lab in self._group_labels(srcs[k], u, j)]
-        sid = series_id[starts]
-        label_ix = ((sid % ng) * len(self.fields) + sid // ng).tolist()
-        labels = list(map(table.__getitem__, label_ix))
-        label_len = np.fromiter(map(len, labels), np.int64, len(labels))
-        size = label_len + np.diff(at)
-        uniq, inv = np.unique(size, return_inverse=True)
-        heads = [self._head(x) for x in uniq.tolist()]
-        mv = memoryview(buf)
-        parts: list[bytes | memoryview] = [b""] * (3 * len(labels))
-        parts[0::3] = map(heads.__getitem__, inv.tolist())
-        parts[1::3] = labels
-        parts[2::3] = map(mv.__getitem__, map(slice, at[:-1].tolist(), at[1:].tolist()))
-        return b"".join(parts), len(series_id)
+        bounds = np.searchsorted(gid[order], np.arange(ng + 1))  # each GPU's rows
+        # indexes into vals.ravel() in (GPU, field, time) order: one run per (GPU, field)
+        run = np.repeat(np.diff(bounds), nf)
+        first = np.cumsum(run) - run
+        starts = (np.arange(nf)[None, :] * n + bounds[:-1, None]).ravel()
+        idx = np.repeat(starts - first, run) + np.arange(nf * n)
+        flat = vals.ravel()[idx]
+        ok = ~np.isnan(flat)  # NaN (not available) is never exported
+        counts = run
+        if not ok.all():
+            counts = np.add.reduceat(ok, first, dtype=np.int64) if len(ok) else run
+            idx, flat = idx[ok], flat[ok]
+        if not len(flat):
+            return b"", 0
+        cols = idx % n  # each sample's row, for its timestamp
+        cnt = counts.reshape(ng, nf)
+        buf = samples_bytes(ts_ms, flat, cols)
+        if len(buf) != 18 * len(flat):  # odd timestamps (before 1971, after 2109): sizes vary
+            return self._plain(srcs, groups, cnt, ts_ms[cols], flat), len(flat)
+        parts: list[bytes] = []
+        head_len = np.empty((ng, nf), np.int64)
+        for g, (k, u, j) in enumerate(groups):
+            hit = self._layout(srcs[k], u, j, cnt[g])
+            parts += hit[0]
+            head_len[g] = hit[1]
+        out = bytearray(b"".join(parts))
+        size = head_len.ravel() + 18 * counts
+        region = np.cumsum(size) - size + head_len.ravel()  # where each series' samples go
+        firsts = np.cumsum(counts) - counts
+        at = np.repeat(region - 18 * firsts, counts) + 18 * np.arange(len(flat))
+        np.frombuffer(out, np.uint8)[at[:, None] + _AR18] = np.frombuffer(buf, np.uint8).reshape(-1, 18)
+        return bytes(out), len(flat)
+
+    def _layout(self, src: RowSource, uuid: str, job: str | None, counts: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+        """A GPU's series with ``counts`` samples per field: [head + labels, zeroed sample bytes]
+        per present field, and each field's head + labels length (0 when absent)."""
+        key = (src.cluster, src.node, uuid, job, counts.tobytes())
+        hit = self._layouts.get(key)
+        if hit is None:
+            pieces: list[bytes] = []
+            lens = []
+            for lab, c in zip(self._group_labels(src, uuid, job), counts.tolist(), strict=True):
+                if c:
+                    h = self._head(len(lab) + 18 * c) + lab
+                    pieces += [h, _zeros(18 * c)]
+                lens.append(len(h) if c else 0)
+            if len(self._layouts) * len(self.fields) >= self.max_cached:  # max_cached counts series
+                self._layouts.clear()
+            hit = self._layouts[key] = (pieces, np.array(lens, np.int64))
+        return hit
+
+    def _plain(self, srcs: Sequence[RowSource], groups: list[tuple[int, str, str | None]], cnt: np.ndarray,
+               ts: np.ndarray, vals: np.ndarray) -> bytes:
+        """The series one sample at a time, for timestamps whose varints are not 6 bytes."""
+        parts = []
+        i = 0
+        for g, (k, u, j) in enumerate(groups):
+            for lab, c in zip(self._group_labels(srcs[k], u, j), cnt[g].tolist(), strict=True):
+                if c:
+                    body = b"".join(wire.encode_sample(int(t), float(v)) for t, v in zip(ts[i:i + c], vals[i:i + c],
+                                                                                          strict=True))
+                    parts.append(self._head(len(lab) + len(body)) + lab + body)
+                    i += c
+        return b"".join(parts)
 
     def _group_labels(self, src: RowSource, uuid: str, job: str | None) -> list[bytes]:
         """The label bytes of each exported field's series of one GPU and job."""
