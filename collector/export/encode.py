@@ -128,7 +128,7 @@ class Encoder:
         groups: list[tuple[int, str, str | None]] = []  # (source, GPU, job) by group id
         ids = []
         for k, x in enumerate(srcs):
-            of: dict[tuple[str, str | None], int] = dict.fromkeys(zip(x.gpu, x.job, strict=True))  # type: ignore[arg-type]
+            of = dict.fromkeys(zip(x.gpu, x.job, strict=True), 0)  # unique (GPU, job) in order, at C speed
             for key in of:  # a source's GPUs in order of appearance: few
                 of[key] = len(groups)
                 groups.append((k, *key))
