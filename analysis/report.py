@@ -4,6 +4,7 @@ the DB runner, the bench and the tests call)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,6 +50,11 @@ def _r(x: Any, nd: int = 4) -> float | None:
         return None
     v = float(x)
     return round(v, nd) if math.isfinite(v) else None  # math, not numpy: a report rounds ~100 of these
+
+
+def _rs(xs: Iterable[float | None], nd: int = 4) -> list[float | None]:
+    """``_r`` of each (a list comprehension: a 32-GPU report rounds ~250 of these)."""
+    return [round(v, nd) if v is not None and math.isfinite(v) else None for v in xs]
 
 
 def _weighted_mean(x: np.ndarray, n: np.ndarray) -> float | None:
@@ -156,17 +162,14 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     fbm = feats.f["fb_used_max"]
     fb_max = [None if v != v else v for v in np.fmax.reduce(fbm, axis=1).tolist()] if fbm.shape[1] else [None] * g
     samples = (n.sum(axis=1) if n.size else np.zeros(g)).tolist()
-    per_gpu = []
-    sm, tensor, dram, occ, power = cols["sm"], cols["tensor"], cols["dram"], cols["occ"], cols["power"]
-    for i in range(g):
-        clock = cols["clock_busy"][i] if cols["clock_busy"][i] is not None else cols["clock"][i]
-        per_gpu.append({
-            "gpu_uuid": meta.gpu_uuids[i], "node": meta.gpu_nodes[i], "index": meta.gpu_indexes[i],
-            "sm_active_mean": _r(sm[i]), "tensor_active_mean": _r(tensor[i]),
-            "dram_active_mean": _r(dram[i]), "sm_occupancy_mean": _r(occ[i]),
-            "power_w_mean": _r(power[i], 1), "sm_clock_mhz_mean": _r(clock, 1),
-            "fb_used_bytes_max": _r(fb_max[i], 0), "samples": int(samples[i]),
-        })
+    clock = [b if b is not None else c for b, c in zip(cols["clock_busy"], cols["clock"], strict=True)]
+    per_gpu = [{"gpu_uuid": uuid, "node": node, "index": index, "sm_active_mean": sm, "tensor_active_mean": tensor,
+                "dram_active_mean": dram, "sm_occupancy_mean": occ, "power_w_mean": power, "sm_clock_mhz_mean": ck,
+                "fb_used_bytes_max": fb, "samples": int(ns)}
+               for uuid, node, index, sm, tensor, dram, occ, power, ck, fb, ns in zip(
+                   meta.gpu_uuids, meta.gpu_nodes, meta.gpu_indexes, _rs(cols["sm"]), _rs(cols["tensor"]),
+                   _rs(cols["dram"]), _rs(cols["occ"]), _rs(cols["power"], 1), _rs(clock, 1), _rs(fb_max, 0), samples,
+                   strict=True)]
 
     active_hours = allocated * active_share if active_share is not None else 0.0
     notes = []

@@ -6,7 +6,7 @@ minute never decides, and a flag needs an episode of consecutive windows at leas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -54,6 +54,9 @@ class Windows:
     obs_s: np.ndarray  # observed GPU-seconds per GPU-window
     valid: np.ndarray  # enough coverage to judge
     f: WindowFeatures
+    # (G,) per sample-weighted feature (BY_SAMPLES): measured in at least one valid window
+    # (what Coverage asks, taken in one call on the stacked means).
+    seen: dict[str, np.ndarray] = field(default_factory=dict)
 
     def t0(self, k: int) -> float:
         return float((self.b0 + k * self.w_min) * 60)
@@ -110,7 +113,7 @@ def wsum(x: np.ndarray, w: int) -> np.ndarray:
     return _reshape(nz(x), w, 0.0).sum(axis=-1)
 
 
-def nz(x: np.ndarray, nan: float = 0.0) -> np.ndarray:
+def nz(x: np.ndarray | float, nan: float = 0.0) -> np.ndarray:
     """``np.nan_to_num(x, nan=nan)`` (infinities to the largest finite floats too), exactly, in
     a third of its time: np.nan_to_num is several Python-level numpy calls, and a job's
     analysis makes dozens of these on small arrays."""
@@ -133,9 +136,9 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -
     f = feats.f
     nb = nz(f["nb"])
     out: dict[str, np.ndarray] = {}
-    for names, weight in ((BY_SAMPLES, n), (BY_BUSY, nb)):
-        means = wmean(np.stack([f[name] for name in names]), weight, w)
-        out.update(zip(names, means, strict=True))
+    by_samples = wmean(np.stack([f[name] for name in BY_SAMPLES]), n, w)
+    out.update(zip(BY_SAMPLES, by_samples, strict=True))
+    out.update(zip(BY_BUSY, wmean(np.stack([f[name] for name in BY_BUSY]), nb, w), strict=True))
     # Transitions per minute, over the minutes that had raw samples to count them in (the
     # window sums side by side in one call, as the maxima below).
     trans_minutes, trans, n_sum = wsum(np.stack([(~np.isnan(f["trans"])).astype(np.float64), f["trans"], n]), w)
@@ -146,7 +149,8 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -
     out["fb_used_max"], out["fb_total"] = wmax(np.stack([f["fb_used_max"], f["fb_total"]]), w)
     obs = np.minimum(n_sum * feats.interval_s, w * 60.0)
     valid = obs >= min_coverage * w * 60.0
-    return Windows(w_min=w, b0=feats.b0, k=obs.shape[1], obs_s=obs, valid=valid, f=WindowFeatures(**out))
+    seen = dict(zip(BY_SAMPLES, (valid & ~np.isnan(by_samples)).any(axis=-1), strict=True))
+    return Windows(w_min=w, b0=feats.b0, k=obs.shape[1], obs_s=obs, valid=valid, f=WindowFeatures(**out), seen=seen)
 
 
 def masked_median(x: np.ndarray, mask: np.ndarray) -> np.ndarray:

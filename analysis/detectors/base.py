@@ -123,12 +123,14 @@ class Coverage:
     def of(cls, w: Windows) -> Coverage:
         f = w.f
 
-        def has(x: np.ndarray) -> np.ndarray:
-            return (w.valid & (x == x)).any(axis=1)  # x == x: not NaN
+        def has(name: str) -> np.ndarray:
+            seen = w.seen.get(name)  # build_windows' (one call for all of them)
+            return seen if seen is not None else (w.valid & ~np.isnan(getattr(f, name))).any(axis=1)
 
-        links = ~(np.isnan(f.nvl_tx) & np.isnan(f.nvl_rx) & np.isnan(f.ib_tx) & np.isnan(f.ib_rx))
-        return cls(has(f.sm), has(f.tensor), has(f.dram), has(f.gpu_util), has(f.power), has(f.clock),
-                   (w.valid & links).any(axis=1), has(f.fb_total))
+        # (any over windows of "one of the links measured" = one of the links' any, or-ed)
+        links = has("nvl_tx") | has("nvl_rx") | has("ib_tx") | has("ib_rx")
+        return cls(has("sm"), has("tensor"), has("dram"), has("gpu_util"), has("power"), has("clock"), links,
+                   has("fb_total"))
 
     def has(self, signal: str) -> bool:
         """Any of the job's GPUs reported ``signal`` (the names detectors declare in SIGNALS;

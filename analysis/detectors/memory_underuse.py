@@ -28,11 +28,14 @@ class Config(KindConfig):
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     f = job.w.f
-    med_sm = job.active_medians(job.activity)[0]  # gpu_util (an upper bound) without profiling
     with np.errstate(invalid="ignore", divide="ignore"):
         used_share = np.where(job.active & (f.fb_total > 0), f.fb_used_max / f.fb_total, np.nan)
     share_max = np.fmax.reduce(used_share, axis=0) if used_share.shape[0] else np.full(job.w.k, np.nan)
-    mask = job.valid_k & (job.n_active > 0) & (med_sm < cfg.sm_active_max) & (share_max <= cfg.fb_used_share_max)
+    small = share_max <= cfg.fb_used_share_max
+    if not small.any():
+        return []  # no window with that little memory used: the activity medians are not needed
+    med_sm = job.active_medians(job.activity)[0]  # gpu_util (an upper bound) without profiling
+    mask = job.valid_k & (job.n_active > 0) & (med_sm < cfg.sm_active_max) & small
     det = job.episodes(mask, cfg)
     if not det:
         return []

@@ -96,6 +96,8 @@ def _deviants(job: JobView, cfg: Config) -> list[Deviant]:
         return []
     z, rel = cfg.robust_z, cfg.min_rel_dev
     act = job.active & (job.n_active >= cfg.min_gpus)[None, :]
+    if not act.any():
+        return []  # no window with enough active peers: nobody deviates from anyone
     clock, sm = f.clock_busy, f.sm
 
     def deviates(x: np.ndarray, ref: np.ndarray, mad: np.ndarray, sign: float, floor: float) -> np.ndarray:
