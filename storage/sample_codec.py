@@ -165,7 +165,7 @@ def _shuffled(cols: np.ndarray, starts: np.ndarray) -> list[tuple[int, memoryvie
             cube = cols.reshape(width, len(which), m)
         else:
             cube = cols[:, starts[which][:, None] + np.arange(m)]  # (width, blocks, m)
-        flat = memoryview(np.ascontiguousarray(cube.transpose(1, 0, 2)).reshape(-1))
+        flat = np.ascontiguousarray(cube.transpose(1, 0, 2)).reshape(-1).data
         step = m * width
         for k, i in enumerate(which.tolist()):
             res[i] = (m, flat[k * step:(k + 1) * step])
