@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(pass_cpu) > 1:
         print(f"  median of {len(pass_cpu)} passes; each: {', '.join(f'{t:.2f}' for t in pass_cpu)} s")
     for s in sorted(by_size):
-        t = by_size[s]
-        print(f"  {s:3d}-GPU jobs: {len(t):4d}, {1e3 * sum(t) / len(t):6.2f} ms CPU per job, "
-              f"{1e3 * sum(t) / len(t) / s:6.2f} ms per GPU, {100 * sum(t) / feat_cpu:4.1f}% of the total")
+        js = by_size[s]
+        print(f"  {s:3d}-GPU jobs: {len(js):4d}, {1e3 * sum(js) / len(js):6.2f} ms CPU per job, "
+              f"{1e3 * sum(js) / len(js) / s:6.2f} ms per GPU, {100 * sum(js) / feat_cpu:4.1f}% of the total")
     if not a.features_only:
         print(f"reports identical: {same} of {len(sizes)} jobs")
     print(f"(ingest fold of the {sum(len(v) for v in pool.values())} distinct sample sets, not in either: "
