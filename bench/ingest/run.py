@@ -335,6 +335,18 @@ def session_cpu_s(sid: int | None = None, user: str | None = None) -> float:
 
 
 @contextlib.contextmanager
+def _keep_failing_logs(tmp: Path) -> None:
+    """A collector log that recorded an error outlives the run's temp folder (a 500 among
+    thousands of 200s must be explainable afterwards)."""
+    keep = Path(tempfile.gettempdir()) / f"gpufleet-bench-logs-{os.getpid()}"
+    for f in sorted(tmp.glob("collector-*.log")):
+        text = f.read_text(errors="replace")
+        if "Traceback" in text or " ERROR " in text or "ERROR:" in text:
+            keep.mkdir(exist_ok=True)
+            shutil.copy(f, keep / f.name)
+            log(f"collector log with errors kept: {keep / f.name}")
+
+
 def collector(url: str, workers: int, tmp: Path) -> Iterator[tuple[int, int]]:
     port = free_port()
     env = {"GPUFLEET_DATABASE_URL": url, "GPUFLEET_ALLOW_ANONYMOUS": "true"}
@@ -919,6 +931,7 @@ def main() -> int:
                 else:
                     res["query"] = query_bench(url, None, args.query_hours, start, 7 if args.quick else 15)
     finally:
+        _keep_failing_logs(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
     report(res)
     if args.json:
