@@ -184,6 +184,7 @@ class JobView:
     idle: np.ndarray = field(init=False)  # (G, K)
     active: np.ndarray = field(init=False)  # (G, K) judged and not idle
     n_active: np.ndarray = field(init=False)  # (K,)
+    any_active_k: np.ndarray = field(init=False)  # (K,) judged windows with an active GPU (most detectors' mask)
     _medians: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -207,6 +208,7 @@ class JobView:
         self.active = self.judged & ~self.idle
         self.n_active = self.active.sum(axis=0)
         self.valid_k = cast("np.ndarray", self.judged.any(axis=0))  # judged is 2-D: a (K,) array, never a scalar
+        self.any_active_k = self.valid_k & (self.n_active > 0)
 
     @property
     def n_gpus(self) -> int:

@@ -40,7 +40,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     per_gpu = job.active & (link >= cfg.link_util_min) & nz_lt(f.sm, cfg.sm_active_max, nan=1.0)
     if cfg.gpu_share_min > 0 and not per_gpu.any():
         return []  # no GPU-window qualifies: no share reaches a positive minimum, no episode
-    det = job.episodes(job.valid_k & (job.n_active > 0) & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
+    det = job.episodes(job.any_active_k & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
     if not det:
         return []
     em = episode_mask(det, job.w.k)

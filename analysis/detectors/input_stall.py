@@ -34,7 +34,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
                & nz_ge(f.trans_rate, cfg.transitions_per_min_min) & nz_ge(f.busy_sm, cfg.busy_sm_active_min))
     if cfg.gpu_share_min > 0 and not per_gpu.any():
         return []  # no GPU-window qualifies: no share reaches a positive minimum, no episode
-    det = job.episodes(job.valid_k & (job.n_active > 0) & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
+    det = job.episodes(job.any_active_k & (share(per_gpu, job.active) >= cfg.gpu_share_min), cfg)
     if not det:
         return []
     em = episode_mask(det, job.w.k)

@@ -43,12 +43,11 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     mask = job.valid_k & (med < cfg.sm_active_max) & ~explained
     # ... but a stretch that is idle nearly throughout is idleness, not half-empty SMs: keep
     # only runs where GPUs did some work in at least a quarter of the windows.
+    valid, worked = job.valid_k.tolist(), (job.n_active > 0).tolist()  # (Python lists: a job has a dozen windows)
     for e in episodes(mask, job.valid_k):
-        run = np.zeros_like(mask)
-        run[e.k0:e.k1] = True
-        run &= job.valid_k
-        if (job.n_active[run] > 0).sum() * 4 < run.sum():
-            mask &= ~run
+        run = [k for k in range(e.k0, e.k1) if valid[k]]
+        if sum(worked[k] for k in run) * 4 < len(run):
+            mask[run] = False
     det = job.episodes(mask, cfg)
     if not det:
         return []

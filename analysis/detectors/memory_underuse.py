@@ -35,7 +35,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     if not small.any():
         return []  # no window with that little memory used: the activity medians are not needed
     med_sm = job.active_medians(job.activity)[0]  # gpu_util (an upper bound) without profiling
-    mask = job.valid_k & (job.n_active > 0) & (med_sm < cfg.sm_active_max) & small
+    mask = job.any_active_k & (med_sm < cfg.sm_active_max) & small
     det = job.episodes(mask, cfg)
     if not det:
         return []

@@ -40,7 +40,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
             job.active & (f.sm >= cfg.sm_active_min)).any():
         return []
     med_t, med_sm, med_fp64, med_dram = job.active_medians(f.tensor, f.sm, f.fp64, f.dram)
-    mask = (job.valid_k & (job.n_active > 0) & (med_t < cfg.tensor_active_max) & (med_sm >= cfg.sm_active_min)
+    mask = (job.any_active_k & (med_t < cfg.tensor_active_max) & (med_sm >= cfg.sm_active_min)
             & ~(med_fp64 >= cfg.fp64_active_max) & ~(med_dram >= cfg.dram_active_max))
     det = job.episodes(mask, cfg)
     if not det:

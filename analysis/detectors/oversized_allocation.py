@@ -26,7 +26,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     if cfg.min_idle_share > 0 and not job.idle.any():
         return []  # no GPU idle anywhere: no idle share reaches a positive minimum
     idle_share = share(job.idle, job.judged)
-    det = job.episodes(job.valid_k & (job.n_active > 0) & (idle_share >= cfg.min_idle_share), cfg)
+    det = job.episodes(job.any_active_k & (idle_share >= cfg.min_idle_share), cfg)
     if not det:
         return []
     em = episode_mask(det, job.w.k)

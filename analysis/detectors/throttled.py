@@ -58,7 +58,7 @@ def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     sh = share(per_gpu, job.active)
     # Few GPUs: no peers to compare, any throttled GPU is the job's problem.
     job_wide = np.where(job.n_active < min_peers, sh > 0, sh >= cfg.gpu_share_min)
-    det = job.episodes(job.valid_k & (job.n_active > 0) & job_wide, cfg)
+    det = job.episodes(job.any_active_k & job_wide, cfg)
     if not det:
         return []
     em = episode_mask(det, job.w.k)
