@@ -82,7 +82,7 @@
     done();
   }
   const kpi = (label, value, title) => h("div", { class: "kpi", title }, h("div", { class: "v" }, value), h("div", { class: "l" }, label));
-  // The chip reads as the registry's title ("Idle GPUs"); the identifier stays in the tooltip and
+  // The chip reads as the registry's title, not the identifier; the identifier stays in the tooltip and
   // data-kind, for people who grep logs or the API for it.
   const chip = (f) => h("span", { class: `chip ${f.severity}${f.open === false ? " closed" : ""}`, "data-kind": f.kind,
     title: `${f.kind}: ${f.severity}${f.open === false ? " (resolved)" : ""}` }, kindTitle(f.kind));
