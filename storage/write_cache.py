@@ -59,6 +59,7 @@ class BoundedDict(dict[K, V]):
                 del self[k]
         super().__setitem__(key, value)
 
+    # dict.setdefault has overloads (default optional); this cache always takes a default
     def setdefault(self, key: K, default: V) -> V:  # type: ignore[override]
         if key in self:
             return self[key]
