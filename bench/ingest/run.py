@@ -334,7 +334,6 @@ def session_cpu_s(sid: int | None = None, user: str | None = None) -> float:
     return total / tick
 
 
-@contextlib.contextmanager
 def _keep_failing_logs(tmp: Path) -> None:
     """A collector log that recorded an error outlives the run's temp folder (a 500 among
     thousands of 200s must be explainable afterwards)."""
@@ -347,6 +346,7 @@ def _keep_failing_logs(tmp: Path) -> None:
             log(f"collector log with errors kept: {keep / f.name}")
 
 
+@contextlib.contextmanager
 def collector(url: str, workers: int, tmp: Path) -> Iterator[tuple[int, int]]:
     port = free_port()
     env = {"GPUFLEET_DATABASE_URL": url, "GPUFLEET_ALLOW_ANONYMOUS": "true"}
