@@ -6,6 +6,7 @@ version and locale)."""
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Literal
 
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -28,6 +29,28 @@ class WriteRefused(Exception):
         self.part = part
         self.field = field
         self.row = row
+
+
+# 40001 serialization, 40P01 deadlock, 57P01-03 admin shutdown / cannot connect now, 08xxx
+# connection exceptions, 53xxx insufficient resources, 55P03 lock not available
+_TRANSIENT_STATES = ("40", "57P", "08", "53", "55P03")
+
+
+def _raw_driver_error(e: BaseException) -> str | None:
+    """Which driver raised ``e`` itself (not wrapped by SQLAlchemy), by exception class."""
+    if isinstance(e, sqlite3.Error):
+        return "sqlite3"
+    try:
+        import psycopg
+    except ImportError:  # the agent-only install has no database driver
+        return None
+    return "psycopg" if isinstance(e, psycopg.Error) else None
+
+
+def _psycopg_connection_failure(e: BaseException) -> bool:
+    """psycopg raises its base OperationalError itself (never a SQLSTATE subclass) when a
+    connection cannot be made or is lost."""
+    return type(e).__name__ == "OperationalError" and type(e).__module__.startswith("psycopg")
 
 
 def _sqlstate(e: BaseException) -> str:
@@ -54,10 +77,16 @@ def is_transient(e: BaseException) -> bool:
     if isinstance(e, DBAPIError):
         if e.connection_invalidated:
             return True
-        # 40001 serialization, 40P01 deadlock, 57P01-03 admin shutdown / cannot connect now,
-        # 08xxx connection exceptions, 53xxx insufficient resources, 55P03 lock not available
-        return _sqlstate(e).startswith(("40", "57P", "08", "53", "55P03"))
-    return False
+        return _sqlstate(e).startswith(_TRANSIENT_STATES)
+    raw = _raw_driver_error(e)
+    if raw is None:
+        return False
+    # The write path's hot statements run on the driver's own cursor (storage/pg_arrays.py),
+    # so their errors arrive unwrapped: a lost deadlock there must be retried like any other
+    # (it was answered 500 after a one-by-one replay of the whole group).
+    if raw == "sqlite3":
+        return isinstance(e, sqlite3.OperationalError)  # "database is locked" and the like
+    return _sqlstate(e).startswith(_TRANSIENT_STATES) or _psycopg_connection_failure(e)
 
 
 def is_unreachable(e: BaseException) -> bool:
@@ -65,7 +94,10 @@ def is_unreachable(e: BaseException) -> bool:
     retrying within the request only adds latency; the client should come back later. A
     PostgreSQL driver error without SQLSTATE is a client-side connection failure."""
     if not isinstance(e, DBAPIError):
-        return False
+        if _raw_driver_error(e) != "psycopg":
+            return False
+        code = _sqlstate(e)
+        return code.startswith("08") or code in ("57P01", "57P02", "57P03") or _psycopg_connection_failure(e)
     if e.connection_invalidated:
         return True
     code = _sqlstate(e)
