@@ -42,6 +42,37 @@ def _stuck_for(url: str, job: str, ranks: int) -> float:
     return min((r["since_step_s"][-1] or 0.0) if r["alive"][-1] else 0.0 for r in p["ranks"])
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc's children lists), found before anything is killed."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process group and every descendant: torchrun's ranks may sit in their own
+    session, and a rank blocked in a collective outlives its killed launcher for ever (one
+    leaked pair was still running after a whole CI run)."""
+    kids = _descendants(pid)
+    for target in (pid, *kids):
+        try:
+            if target == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.slow
 def test_rank_blocked_in_a_collective_is_hung_and_a_long_checkpoint_is_not(sqlite_url: str, live_server,  # type: ignore[no-untyped-def]
                                                                           tmp_path: Path) -> None:
@@ -74,7 +105,7 @@ def test_rank_blocked_in_a_collective_is_hung_and_a_long_checkpoint_is_not(sqlit
         assert long_ckpt["goodput"]["badput_s"].get("hung", 0.0) == 0.0
     finally:
         for proc in (hang, ckpt):
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_tree(proc.pid)
             proc.wait(30)
         node.close()
         engine.dispose()
