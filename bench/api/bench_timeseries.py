@@ -8,7 +8,9 @@ job ``big-64`` runs the whole day). One uvicorn process per tree (gpufleet.serve
 both on the same throwaway database; each round sends ``--requests`` requests to one, then to the
 other, so a noisy minute of a shared box hits both. Per request it reports the p50 wall time
 (one sequential httpx client, body read and parsed, as bench/ingest/run.py's query part
-measures), the server process's CPU, PostgreSQL's CPU (every backend of the database) and the
+measures; also the p50 to the body's last byte, before the client's own ``json.loads``, which
+for a 341 KiB answer is ~8 ms of the client's CPU and no part of the server's answer), the
+server process's CPU, PostgreSQL's CPU (every backend of the database) and the
 client's CPU, and the load average.
 
 ``--old DIR``: DIR holds an importable ``gpufleet`` package of the tree before (the
@@ -104,28 +106,33 @@ def run(old: str | None, requests: int, rounds: int, hours: float) -> list[dict[
                 for _ in range(rounds):
                     for k, c in clients.items():
                         s0, b0, c0 = _cpu(lambda k=k: iter([procs[k]])), _cpu(_backends(db)), time.process_time()
-                        wall = []
+                        wall, answered = [], []
                         for _ in range(requests):
                             t = time.perf_counter()
                             r = c.get(f"/api/v1/jobs/{fleet.big_job}/timeseries", params=params)
                             r.raise_for_status()
+                            t_body = time.perf_counter()  # the whole body received
                             r.json()
                             wall.append((time.perf_counter() - t) * 1000)
+                            answered.append((t_body - t) * 1000)
                             size[k] = len(r.content)
                         g = got[k]
                         g.setdefault("wall", []).extend(wall)
+                        g.setdefault("answered", []).extend(answered)
                         g.setdefault("server", []).append((_cpu(lambda k=k: iter([procs[k]])) - s0) / requests * 1000)
                         g.setdefault("postgres", []).append((_cpu(_backends(db)) - b0) / requests * 1000)
                         g.setdefault("client", []).append((time.process_time() - c0) / requests * 1000)
                 for k in trees:
                     g = got[k]
                     row = {"case": case, "tree": k, "p50_ms": statistics.median(g["wall"]),
+                           "p50_answered_ms": statistics.median(g["answered"]),
                            "server_cpu_ms": statistics.median(g["server"]),
                            "postgres_cpu_ms": statistics.median(g["postgres"]),
                            "client_cpu_ms": statistics.median(g["client"]), "kib": size[k] / 1024,
                            "load": os.getloadavg()[0]}
                     out.append(row)
-                    print(f"{k:3s} {case:62s} p50 {row['p50_ms']:7.1f} ms  CPU per request: server "
+                    print(f"{k:3s} {case:62s} p50 {row['p50_ms']:7.1f} ms (last byte {row['p50_answered_ms']:6.1f} ms)"
+                          f"  CPU per request: server "
                           f"{row['server_cpu_ms']:5.1f} ms, postgres {row['postgres_cpu_ms']:5.1f} ms, client "
                           f"{row['client_cpu_ms']:5.1f} ms  {row['kib']:6.0f} KiB  load {row['load']:.1f}", flush=True)
         return out
