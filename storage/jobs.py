@@ -19,8 +19,11 @@ from gpufleet.storage.prepared import Prepared
 from gpufleet.storage.write_cache import ALLOC_TRUST_S, JOB_TOUCH_EVERY_S, STALE_JOB_S, WriteCache
 
 
-def touch_jobs(conn: Connection, job_pk: np.ndarray, ts: np.ndarray, cache: WriteCache) -> None:
-    """start_ts / last_sample_ts from samples; a job sampled after it was marked ended runs again."""
+def touch_jobs(conn: Connection, job_pk: np.ndarray, ts: np.ndarray, cache: WriteCache,
+               order_of: dict[int, Any] | None = None) -> None:
+    """start_ts / last_sample_ts from samples; a job sampled after it was marked ended runs again.
+    ``order_of`` (job pk -> sort key) updates the rows in the caller's lock order (the write
+    path's: job_ids' (cluster, job id)), so two writers lock job rows in the same order."""
     m = job_pk >= 0
     if not m.any():
         return
@@ -37,6 +40,8 @@ def touch_jobs(conn: Connection, job_pk: np.ndarray, ts: np.ndarray, cache: Writ
             cache.job_times[p] = (min(a, seen[0]) if seen else a, max(b, seen[1]) if seen else b)
     if not todo:
         return
+    if order_of is not None:
+        todo.sort(key=lambda r: order_of.get(r["pk"], (r["pk"],)))
     jt = Job.__table__
     lo_p: BindParameter[float] = bindparam("lo")
     hi_p: BindParameter[float] = bindparam("hi")

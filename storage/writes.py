@@ -6,7 +6,8 @@ It is the only code that writes telemetry; ingest, import and tests all go throu
 The order of one write, and the module doing each step:
 1. dimensions every batch needs, even a duplicate (``dimensions``: clusters, nodes);
 2. the idempotency ledger decides which batches are new (``ledger``);
-3. nodes seen, GPUs, jobs (``dimensions``), with the checks that need the database's view;
+3. nodes seen, GPUs, jobs (``dimensions``), with the checks that need the database's view, and
+   the jobs' sample times (``jobs.touch_jobs``: every job row a write locks, it locks here);
 4. the rows of all new batches as one set of arrays, less the (GPU, ts) samples already
    stored under another batch key (``unique_rows``): raw samples as compressed blocks
    (``raw_samples`` + ``sample_codec``), 1-minute rollups (``rollups``), job times and allocations (``jobs``);
@@ -108,6 +109,12 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     jpks = job_ids(conn, referenced_jobs(preps, active, cluster_pks), cache)
 
     ts, gpu_pk, job_pk, vals = _rows(preps, active, cluster_pks, gids, jpks)
+    # Job times now, while this transaction holds no rollup row: job_ids may have locked job
+    # rows (a cache miss upserts them), and touching jobs after the rollups let two collector
+    # processes deadlock, one holding a job_samples_1m row and waiting on a job row, the other
+    # the reverse (PostgreSQL's log, 1,000-connection ingest bench). In job_ids' order too.
+    # Copies of stored samples change nothing here: min/max over rows already counted.
+    touch_jobs(conn, job_pk, ts, cache, order_of={pk: key for key, pk in jpks.items()})
     # One sample per (GPU, ts): copies under another batch key are skipped, not counted.
     keep, gpu_order = new_rows(conn, ts, gpu_pk)
     stored = [preps[i].n for i in active]
@@ -124,7 +131,6 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     if len(ts):
         _rollups(conn, ts, gpu_pk, job_pk, vals, gpu_order)
         fold_rows(conn, ts, gpu_pk, job_pk, vals)  # minute features the analysis reads
-        touch_jobs(conn, job_pk, ts, cache)
     allocations(conn, preps, active, cids, gids, jpks, ts, gpu_pk, job_pk, order=gpu_order, cache=cache, now=now)
 
     ctx = WriteContext(conn, now, cache, preps, active, cluster_pks, node_pks, gids, jpks, ts, gpu_pk, job_pk, vals)
