@@ -5,6 +5,8 @@ which put this folder on sys.path."""
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 
 
@@ -22,4 +24,7 @@ def scratch_database(admin_url: str, name: str) -> Iterator[str]:
     finally:
         with psycopg.connect(admin_url, autocommit=True) as c:
             c.execute("select pg_terminate_backend(pid) from pg_stat_activity where datname = %s", (name,))
-            c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            if os.environ.get("GPUFLEET_BENCH_KEEP_DB"):  # to look into a run afterwards (drop it yourself)
+                print(f"kept database {name}", file=sys.stderr)
+            else:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}"')

@@ -45,6 +45,7 @@ function init(args)
   n = placeholder and #pre or #whole
   i = 0
   st = {}
+  stored = 0
 end
 
 function request()
@@ -60,11 +61,19 @@ end
 
 function response(status, hdrs, body)
   st[status] = (st[status] or 0) + 1
+  -- gpufleet answers {"stored": N, "duplicate": ...}: rows a 200 really stored (a body that a
+  -- busier thread reached twice under two keys is answered 0, its rows already stored)
+  if status == 200 and body then
+    local s = string.match(body, '"stored":%s*(%d+)')
+    if s then stored = stored + tonumber(s) end
+  end
 end
 
 function done(summary, latency, requests)
   local codes = {}
+  local stored_rows = 0
   for _, t in ipairs(threads) do
+    stored_rows = stored_rows + (t:get("stored") or 0)
     local s = t:get("st")
     if s then
       for code, c in pairs(s) do codes[code] = (codes[code] or 0) + c end
@@ -74,8 +83,8 @@ function done(summary, latency, requests)
   for code, c in pairs(codes) do table.insert(parts, string.format('"%d": %d', code, c)) end
   io.write(string.format(
     'WRKJSON {"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, "errors_connect": %d, ' ..
-    '"errors_read": %d, "errors_write": %d, "errors_timeout": %d, "status": {%s}}\n',
+    '"errors_read": %d, "errors_write": %d, "errors_timeout": %d, "stored_rows": %d, "status": {%s}}\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
     summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.timeout,
-    table.concat(parts, ", ")))
+    stored_rows, table.concat(parts, ", ")))
 end
