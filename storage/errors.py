@@ -36,21 +36,25 @@ class WriteRefused(Exception):
 _TRANSIENT_STATES = ("40", "57P", "08", "53", "55P03")
 
 
-def _raw_driver_error(e: BaseException) -> str | None:
-    """Which driver raised ``e`` itself (not wrapped by SQLAlchemy), by exception class."""
+def _driver_error(e: BaseException) -> BaseException | None:
+    """The database driver's own exception behind ``e``: SQLAlchemy's ``orig``, or ``e`` itself
+    when the driver raised it unwrapped (the write path's hot statements run on psycopg's own
+    cursor, storage/pg_arrays.py); None when ``e`` is no database error."""
+    if isinstance(e, DBAPIError):
+        return e.orig
     if isinstance(e, sqlite3.Error):
-        return "sqlite3"
+        return e
     try:
         import psycopg
     except ImportError:  # the agent-only install has no database driver
         return None
-    return "psycopg" if isinstance(e, psycopg.Error) else None
+    return e if isinstance(e, psycopg.Error) else None
 
 
-def _psycopg_connection_failure(e: BaseException) -> bool:
+def _psycopg_connection_failure(d: BaseException | None) -> bool:
     """psycopg raises its base OperationalError itself (never a SQLSTATE subclass) when a
-    connection cannot be made or is lost."""
-    return type(e).__name__ == "OperationalError" and type(e).__module__.startswith("psycopg")
+    connection cannot be made or is lost, whatever the server said while refusing it."""
+    return type(d).__name__ == "OperationalError" and type(d).__module__.startswith("psycopg")
 
 
 def _sqlstate(e: BaseException) -> str:
@@ -71,40 +75,26 @@ def is_missing_partition(e: BaseException) -> bool:
 
 def is_transient(e: BaseException) -> bool:
     """Worth retrying: the database was unreachable, restarting, overloaded, or this
-    transaction lost a deadlock or serialisation race."""
-    if isinstance(e, OperationalError):
+    transaction lost a deadlock or serialisation race. Wrapped by SQLAlchemy or not: an
+    unwrapped lost deadlock was once answered 500 after a one-by-one replay of its group."""
+    if isinstance(e, OperationalError) or (isinstance(e, DBAPIError) and e.connection_invalidated):
         return True
-    if isinstance(e, DBAPIError):
-        if e.connection_invalidated:
-            return True
-        return _sqlstate(e).startswith(_TRANSIENT_STATES)
-    raw = _raw_driver_error(e)
-    if raw is None:
+    d = _driver_error(e)
+    if d is None:
         return False
-    # The write path's hot statements run on the driver's own cursor (storage/pg_arrays.py),
-    # so their errors arrive unwrapped: a lost deadlock there must be retried like any other
-    # (it was answered 500 after a one-by-one replay of the whole group).
-    if raw == "sqlite3":
-        return isinstance(e, sqlite3.OperationalError)  # "database is locked" and the like
-    return _sqlstate(e).startswith(_TRANSIENT_STATES) or _psycopg_connection_failure(e)
+    if isinstance(d, sqlite3.OperationalError):  # "database is locked" and the like
+        return True
+    return _sqlstate(d).startswith(_TRANSIENT_STATES) or _psycopg_connection_failure(d)
 
 
 def is_unreachable(e: BaseException) -> bool:
     """The database cannot be reached at all (refused, down, starting up, shutting down):
     retrying within the request only adds latency; the client should come back later. A
     PostgreSQL driver error without SQLSTATE is a client-side connection failure."""
-    if not isinstance(e, DBAPIError):
-        if _raw_driver_error(e) != "psycopg":
-            return False
-        code = _sqlstate(e)
-        return code.startswith("08") or code in ("57P01", "57P02", "57P03") or _psycopg_connection_failure(e)
-    if e.connection_invalidated:
+    if isinstance(e, DBAPIError) and e.connection_invalidated:
         return True
-    code = _sqlstate(e)
-    if code.startswith("08") or code in ("57P01", "57P02", "57P03"):
-        return True
-    # psycopg raises its base OperationalError itself (never a SQLSTATE subclass) when a
-    # connection cannot be made or is lost, whatever the server said while refusing it.
-    orig = e.orig
-    return isinstance(e, OperationalError) and type(orig).__name__ == "OperationalError" \
-        and type(orig).__module__.startswith("psycopg")
+    d = _driver_error(e)
+    if d is None:
+        return False
+    code = _sqlstate(d)
+    return code.startswith("08") or code in ("57P01", "57P02", "57P03") or _psycopg_connection_failure(d)

@@ -20,10 +20,10 @@ from gpufleet.storage.write_cache import ALLOC_TRUST_S, JOB_TOUCH_EVERY_S, STALE
 
 
 def touch_jobs(conn: Connection, job_pk: np.ndarray, ts: np.ndarray, cache: WriteCache,
-               order_of: dict[int, Any] | None = None) -> None:
+               job_keys: dict[tuple[int, str], int] | None = None) -> None:
     """start_ts / last_sample_ts from samples; a job sampled after it was marked ended runs again.
-    ``order_of`` (job pk -> sort key) updates the rows in the caller's lock order (the write
-    path's: job_ids' (cluster, job id)), so two writers lock job rows in the same order."""
+    ``job_keys`` ((cluster, job id) -> pk, what job_ids returned) updates the rows in job_ids'
+    lock order, so two writers lock job rows in the same order."""
     m = job_pk >= 0
     if not m.any():
         return
@@ -40,8 +40,9 @@ def touch_jobs(conn: Connection, job_pk: np.ndarray, ts: np.ndarray, cache: Writ
             cache.job_times[p] = (min(a, seen[0]) if seen else a, max(b, seen[1]) if seen else b)
     if not todo:
         return
-    if order_of is not None:
-        todo.sort(key=lambda r: order_of.get(r["pk"], (r["pk"],)))
+    if job_keys is not None:  # usually nothing to touch (the cache): invert only when there is
+        key_of = {pk: key for key, pk in job_keys.items()}
+        todo.sort(key=lambda r: key_of.get(r["pk"], (r["pk"], "")))
     jt = Job.__table__
     lo_p: BindParameter[float] = bindparam("lo")
     hi_p: BindParameter[float] = bindparam("hi")

@@ -114,7 +114,7 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     # processes deadlock, one holding a job_samples_1m row and waiting on a job row, the other
     # the reverse (PostgreSQL's log, 1,000-connection ingest bench). In job_ids' order too.
     # Copies of stored samples change nothing here: min/max over rows already counted.
-    touch_jobs(conn, job_pk, ts, cache, order_of={pk: key for key, pk in jpks.items()})
+    touch_jobs(conn, job_pk, ts, cache, job_keys=jpks)
     # One sample per (GPU, ts): copies under another batch key are skipped, not counted.
     keep, gpu_order = new_rows(conn, ts, gpu_pk)
     stored = [preps[i].n for i in active]
