@@ -196,7 +196,11 @@ def test_analysis_lag_gauge_for_the_prometheus_rule(database_url, live_server) -
         return float(line.split()[1])
 
     assert lag() == 0.0  # no jobs: nothing to lag behind
-    assert post(srv.url, _fleet(steps=3)).status_code == 200
+    # samples from a minute ago, taken now: the module's T0 is fixed at collection, and in a
+    # long suite run it is older than STALE_JOB_S by this test, so the job would be ended
+    # (not running: no lag) before the scrape (CI failed on exactly that)
+    fresh = int(time.time() * 1000) - 60_000
+    assert post(srv.url, _fleet(t0=fresh, steps=3)).status_code == 200
     assert lag() == pytest.approx(30.0)  # three scrapes 15 s apart, never analysed
     e = make_engine(database_url)
     assert not run_analysis(e).errors
