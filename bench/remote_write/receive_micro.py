@@ -199,10 +199,126 @@ def receiver_parse(nodes: int, windows: int, repeat: int) -> None:
           f"passes over {len(all_bodies) - 2 * per_scrape} bodies; min {min(passes) * 1e3:.3f})")
 
 
+def _old_package(tree: Path) -> Any:
+    """``tree``'s collector/remote_write loaded as package ``rw_old`` beside the current one (its
+    relative imports stay inside it; gpufleet.* is this tree's), so old and new run in one process."""
+    import importlib.util
+    import sys
+
+    d = tree / "collector" / "remote_write"
+    spec = importlib.util.spec_from_file_location("rw_old", d / "__init__.py", submodule_search_locations=[str(d)])
+    assert spec is not None and spec.loader is not None
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules["rw_old"] = pkg
+    spec.loader.exec_module(pkg)
+    importlib.import_module("rw_old.receiver")
+    return pkg
+
+
+def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, group: int) -> None:
+    """Collector CPU per body, old tree vs this one in one process, passes alternating, the fastest
+    of ``repeat`` each (``time.process_time``): the receiver's whole ``_parse`` and its split into
+    parse (snappy + the columnar scan) and convert (convert_columnar + check_batch), and the write
+    (``write_batches`` of ``group`` bodies' batches per transaction, as the group writer commits
+    them; a fresh database per pass so no row is a repeat)."""
+    from types import SimpleNamespace
+
+    import gpufleet.collector.remote_write as new_pkg
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.migrate import upgrade
+    from gpufleet.storage.writes import WriteCache, write_batches
+
+    pkgs = {"old": _old_package(old_tree), "new": new_pkg}
+    now = time.time()
+    all_bodies = bodies(nodes, windows, now)
+    per_scrape = -(-nodes * 8 * len(rw_bench.DCGM_FIELDS) // rw_bench.SAMPLES_PER_SEND)
+    warm, todo = all_bodies[:2 * per_scrape], all_bodies[2 * per_scrape:]
+    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0),
+                           settings=SimpleNamespace(http=SimpleNamespace(max_rows_per_batch=20_000)))
+    limit = 64 << 20
+    best_of: dict[tuple[str, str], float] = {}
+    shape: dict[str, tuple[int, int]] = {}
+
+    def keep(who: str, what: str, t: float) -> None:
+        best_of[who, what] = min(best_of.get((who, what), t), t)
+
+    def one_pass(who: str, d: Path, k: int) -> None:
+        pkg = pkgs[who]
+        rec = pkg.receiver.Receiver(coll)
+        for b in warm:  # the series cache and the counters' previous samples, as a running shard has
+            c = rec._parse(b, "bench", limit)
+            assert not isinstance(c, tuple), c
+            rec.rates.commit(c.rate_updates)
+        convs = []
+        t = time.process_time()
+        for b in todo:
+            c = rec._parse(b, "bench", limit)
+            rec.rates.commit(c.rate_updates)
+            convs.append(c)
+        keep(who, "_parse", (time.process_time() - t) / len(todo))
+        assert all(c.columnar for c in convs), "the bench's bodies should take the columnar path"
+        shape[who] = (sum(len(c.prepared) for c in convs), sum(p.n for c in convs for p in c.prepared))
+        # the split, on the same bodies and warm state (the answers are the same: rates do not move)
+        raws = []
+        t = time.process_time()
+        for b in todo:
+            raw = pkg.wire.unsnappy(b, max_size=limit)
+            raws.append((raw, pkg.wire.scan_single_samples(raw, None)))
+        keep(who, "parse", (time.process_time() - t) / len(todo))
+        t = time.process_time()
+        for _raw, cols in raws:
+            c = pkg.columnar.convert_columnar(cols, rec.series, rec.slots, rec.rates, cluster="bench", digest="d",
+                                              now=now, max_age_s=30 * 86400.0, max_future_s=300.0, max_rows=20_000)
+            for bt, p in zip(c.batches, c.prepared, strict=True):
+                check_batch(bt, p, now, max_rows=20_000, max_age_s=30 * 86400.0, max_future_s=300.0)
+        keep(who, "convert", (time.process_time() - t) / len(todo))
+        url = db
+        if url is None:
+            url = f"sqlite:///{d / f'{who}{k}.db'}"
+            upgrade(url)
+        engine = make_engine(url)
+        cache = WriteCache()
+        with engine.begin() as conn:  # dimensions (cluster, nodes, GPUs) created once
+            write_batches(conn, [p for c in convs[:1] for p in c.prepared], now, cache)
+        t = time.process_time()
+        for i in range(1, len(convs), group):
+            with engine.begin() as conn:
+                write_batches(conn, [p for c in convs[i:i + group] for p in c.prepared], now, cache)
+        keep(who, "write", (time.process_time() - t) / (len(convs) - 1))
+        engine.dispose()
+
+    with tempfile.TemporaryDirectory() as d:
+        for k in range(repeat):
+            for who in ("old", "new") if k % 2 == 0 else ("new", "old"):
+                one_pass(who, Path(d), k)
+    print(f"{len(todo)} bodies of {rw_bench.SAMPLES_PER_SEND} samples ({nodes} nodes x 8 GPUs x "
+          f"{len(rw_bench.DCGM_FIELDS)} fields, {windows} scrapes), CPU ms per body, fastest of {repeat} "
+          f"alternating passes; write: {group} bodies per transaction on {'SQLite' if db is None else db}")
+    for who in ("old", "new"):
+        print(f"  {who}: {shape[who][0] / len(todo):.1f} batches, {shape[who][1] / len(todo):.1f} rows per body")
+    print(f"  {'':10s} {'old':>8s} {'new':>8s}  old/new")
+    for what in ("_parse", "parse", "convert", "write"):
+        o, n = best_of["old", what], best_of["new", what]
+        print(f"  {what:10s} {o * 1e3:8.3f} {n * 1e3:8.3f}  {o / n:6.2f}x")
+    o = best_of["old", "_parse"] + best_of["old", "write"]
+    n = best_of["new", "_parse"] + best_of["new", "write"]
+    print(f"  {'_parse+write':10s} {o * 1e3:8.3f} {n * 1e3:8.3f}  {o / n:6.2f}x")
+
+
 if __name__ == "__main__":
     import sys
 
-    if "--parse" in sys.argv:  # the A/B figure: [--parse NODES WINDOWS REPEAT]
+    if "--ab" in sys.argv:  # old vs new in one process: --ab OLD_TREE [--db URL] [--repeat N] ...
+        p = argparse.ArgumentParser()
+        p.add_argument("--ab", type=Path, required=True, help="a checkout of the old code (git worktree add)")
+        p.add_argument("--nodes", type=int, default=100)
+        p.add_argument("--windows", type=int, default=8)
+        p.add_argument("--repeat", type=int, default=5)
+        p.add_argument("--group", type=int, default=10, help="bodies per write transaction")
+        p.add_argument("--db", help="database URL for the write (default: a throwaway SQLite file per pass)")
+        a = p.parse_args()
+        ab(a.ab, a.nodes, a.windows, a.repeat, a.db, a.group)
+    elif "--parse" in sys.argv:  # the A/B figure: [--parse NODES WINDOWS REPEAT]
         i = sys.argv.index("--parse")
         n, w, r = (int(x) for x in (sys.argv[i + 1:i + 4] + ["100", "8", "5"][len(sys.argv[i + 1:i + 4]):]))
         receiver_parse(n, w, r)

@@ -18,6 +18,7 @@ previous-sample rule as ``convert``).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from itertools import repeat
 
 import numpy as np
@@ -51,12 +52,34 @@ class Slots:
         self.node = np.empty(0, dtype=np.int64)
         self.rate = np.empty(0, dtype=bool)
         self.has_job = np.empty(0, dtype=bool)
+        self.fb_name = np.empty(0, dtype=bool)  # the memory total's inputs: FB extras, fb_used, fb_total
         self.mapped: list[Mapped | None] = []
         self.reason: list[str] = []
         self.uuids: list[str] = []
         self._uuid_code: dict[str, int] = {}
         self.nodes: list[str] = []
         self._node_code: dict[str, int] = {}
+        # per uuid / node code: its name's rank among all known ones (the rows' sort order)
+        self.uuid_rank = np.empty(0, dtype=np.int64)
+        self.node_rank = np.empty(0, dtype=np.int64)
+        self.fb_key: list[tuple[str, str] | None] = []  # per slot: (uuid, name) of a memory total input
+        self._counter = np.empty(0, dtype=bool)
+        self._counter_families: dict[str, bool] | None = None  # what _counter was computed for
+
+    def counters(self, families: dict[str, bool]) -> np.ndarray:
+        """Per slot: a counter whose samples become rates (``convert``'s rule: a rate field named
+        *_total or whose family the metadata calls a counter). Recomputed only when a slot was
+        added or the metadata changed, not per request (it was ~280 series' checks a body)."""
+        if self._counter_families != families or len(self._counter) != len(self.mapped):
+            out = np.zeros(len(self.mapped), dtype=bool)
+            for s in np.flatnonzero(self.rate).tolist():
+                m = self.mapped[s]
+                assert m is not None
+                out[s] = m.total_suffix or families.get(m.name, False) \
+                    or families.get(m.name.removesuffix("_total"), False)
+            self._counter = out
+            self._counter_families = dict(families)
+        return self._counter
 
     def ids(self, keys: list[bytes], series: SeriesMap) -> np.ndarray | None:
         """Each key's slot; None when a key is not a series the map knows (its bytes were never
@@ -90,6 +113,7 @@ class Slots:
         node: list[int] = []
         rate: list[bool] = []
         has_job: list[bool] = []
+        fb: list[bool] = []
         for k in keys:
             m = series.get(k)
             self.of[k] = len(self.mapped)
@@ -101,6 +125,9 @@ class Slots:
                 node.append(self._code(self.nodes, self._node_code, m.node))
                 rate.append(m.rate_field)
                 has_job.append(m.job is not None)
+                is_fb = f is None or FIELD_INDEX[f.name] in _FB_FIELDS
+                fb.append(is_fb)
+                self.fb_key.append((m.gpu.uuid, m.name if f is None else f.name) if is_fb else None)
                 self.mapped.append(m)
                 self.reason.append("")
             else:
@@ -110,6 +137,8 @@ class Slots:
                 node.append(-1)
                 rate.append(False)
                 has_job.append(False)
+                fb.append(False)
+                self.fb_key.append(None)
                 self.mapped.append(None)
                 self.reason.append(m if isinstance(m, str) else "")
         self.field = np.concatenate([self.field, np.array(field, dtype=np.int64)])
@@ -118,6 +147,9 @@ class Slots:
         self.node = np.concatenate([self.node, np.array(node, dtype=np.int64)])
         self.rate = np.concatenate([self.rate, np.array(rate, dtype=bool)])
         self.has_job = np.concatenate([self.has_job, np.array(has_job, dtype=bool)])
+        self.fb_name = np.concatenate([self.fb_name, np.array(fb, dtype=bool)])
+        self.uuid_rank = _ranks(self.uuids)
+        self.node_rank = _ranks(self.nodes)
 
 
 def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates: RateState, *, cluster: str,
@@ -133,17 +165,7 @@ def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates
     if (fcode == _DECLINE).any():
         return None
     mapped = fcode != _IGNORED
-    counter = np.zeros(len(ids), dtype=bool)  # series whose samples become rates
-    if slots.rate[ids].any():
-        fam = rates.counter_families
-        counters = []
-        for s in np.unique(ids[slots.rate[ids]]).tolist():
-            m = slots.mapped[s]
-            assert m is not None
-            if m.total_suffix or fam.get(m.name, False) or fam.get(m.name.removesuffix("_total"), False):
-                counters.append(s)
-        if counters:
-            counter = np.isin(ids, counters)
+    counter = slots.counters(rates.counter_families)[ids]  # series whose samples become rates
     conv = Conversion([], columnar=True)
     conv.series = conv.samples = len(ids)
     if not mapped.all():
@@ -173,7 +195,7 @@ def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates
     g = slots.gpu[ids[keep]]
     nd = slots.node[ids[keep]]
     kts = ts[keep]
-    order = np.lexsort((kts, _rank(g, slots.uuids), _rank(nd, slots.nodes)))
+    order = np.lexsort((kts, slots.uuid_rank[g], slots.node_rank[nd]))
     o_g, o_ts, o_nd = g[order], kts[order], nd[order]
     new_row = np.ones(len(order), dtype=bool)
     new_row[1:] = (o_g[1:] != o_g[:-1]) | (o_ts[1:] != o_ts[:-1])
@@ -181,7 +203,7 @@ def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates
     row_of[order] = np.cumsum(new_row) - 1  # per kept sample (body order): its row
     n_rows = int(new_row.sum())
     cell = row_of * NF + j[keep]
-    if len(np.unique(cell)) != len(cell):
+    if len(cell) and np.bincount(cell, minlength=1).max() > 1:
         return None  # a field twice for one row (old and new DCGM names): last-wins, general path
     vals = np.full((NF, n_rows), np.nan)
     vals[j[keep], row_of] = value[keep]
@@ -206,52 +228,80 @@ def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates
         assert m is not None
         gpus.setdefault(slots.node[s].item(), {}).setdefault(m.gpu.uuid, m.gpu)
     fb: dict[str, dict[str, float]] = {}
-    fbi = np.flatnonzero(ok & ((fcode == _FB_EXTRA) | np.isin(fcode, list(_FB_FIELDS)) & ~bad))
-    for i in fbi.tolist():
-        m = slots.mapped[ids[i]]
-        assert m is not None
-        fb.setdefault(m.gpu.uuid, {})[m.name if m.field is None else m.field.name] = float(value[i])
-    node_of_rows: dict[int, list[int]] = {}
-    for r, n in enumerate(row_node.tolist()):
-        node_of_rows.setdefault(n, []).append(r)
+    fbi = np.flatnonzero(ok & slots.fb_name[ids] & ~bad)
+    fb_key = slots.fb_key
+    for s, v in zip(ids[fbi].tolist(), value[fbi].tolist(), strict=True):
+        u, name = fb_key[s]  # type: ignore[misc]  # not None: fb_name[s] is set
+        fb.setdefault(u, {})[name] = v
+    # Rows are sorted by node first: each node's rows are one range, cut into batches of
+    # max_rows. What every batch needs per row (times, GPUs, jobs, each field as the protocol's
+    # list with None where missing) is built once for the whole body and sliced per batch.
+    node_list = row_node.tolist()
+    bounds = np.flatnonzero(np.diff(row_node)) + 1 if n_rows else row_node
+    range_of = {node_list[a]: (a, b) for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), n_rows], strict=True)} \
+        if n_rows else {}
+    cuts: list[tuple[int, int, int, int]] = []  # (node code, ordinal, first row, end row)
     for ordinal, ncode in enumerate(sorted(gpus, key=lambda c: slots.nodes[c])):
-        rows = node_of_rows.get(ncode)
-        if not rows:
-            continue
+        a, b = range_of.get(ncode, (0, 0))
+        cuts.extend((ncode, ordinal, c, min(c + max_rows, b)) for c in range(a, b, max_rows))
+    if not cuts:
+        return conv
+    missing = np.isnan(vals)
+    all_missing = np.logical_and.reduceat(missing, [a for _, _, a, _ in cuts], axis=1)
+    field_rows = np.flatnonzero(~all_missing.all(axis=1))
+    columns: dict[int, list[float | int | str | None]] = {}
+    for k, col in zip(field_rows.tolist(), vals[field_rows].tolist(), strict=True):
+        if missing[k].any():  # the rows without this field: None, as the protocol writes a missing value
+            for r in np.flatnonzero(missing[k]).tolist():
+                col[r] = None
+        columns[k] = col
+    rows = _Rows(row_ts / 1000.0, [slots.uuids[u] for u in row_gpu.tolist()],
+                 [_job(slots, s) for s in row_series.tolist()], vals, columns)
+    ginfo: list[GpuInfo] = []
+    last = -1
+    for n, (ncode, ordinal, a, b) in enumerate(cuts):
         node = slots.nodes[ncode]
-        ginfo = [GpuInfo(index=gi.index, uuid=u, model=gi.model, mig_profile=gi.mig_profile,
-                         parent_uuid=gi.parent_uuid, memory_total_bytes=_memory_total(fb.get(u)))
-                 for u, gi in sorted(gpus[ncode].items())]
-        for gpu_info in ginfo:
-            if gpu_info.index >= 0:
-                conv.gpu_updates[(cluster, node, gpu_info.index)] = gpu_info
-        for c in range(0, len(rows), max_rows):
-            chunk = np.array(rows[c:c + max_rows], dtype=np.int64)
-            _batch(conv, chunk, ginfo, slots, row_ts, row_gpu, row_series, vals, node, cluster, digest,
-                   (ordinal << 20) + c // max_rows, now)
+        if ncode != last:
+            last = ncode
+            ginfo = [GpuInfo(index=gi.index, uuid=u, model=gi.model, mig_profile=gi.mig_profile,
+                             parent_uuid=gi.parent_uuid, memory_total_bytes=_memory_total(fb.get(u)))
+                     for u, gi in sorted(gpus[ncode].items())]
+            for gpu_info in ginfo:
+                if gpu_info.index >= 0:
+                    conv.gpu_updates[(cluster, node, gpu_info.index)] = gpu_info
+        names = sorted(NAMES[k] for k in np.flatnonzero(~all_missing[:, n]).tolist())
+        _batch(conv, rows, a, b, names, ginfo, node, cluster, digest,
+               (ordinal << 20) + (a - range_of[ncode][0]) // max_rows, now)
     return conv
 
 
-def _batch(conv: Conversion, chunk: np.ndarray, ginfo: list[GpuInfo], slots: Slots, row_ts: np.ndarray,
-           row_gpu: np.ndarray, row_series: np.ndarray, vals: np.ndarray, node: str, cluster: str, digest: str,
-           seq: int, now: float) -> None:
-    cv = vals[:, chunk]
-    present = np.flatnonzero(~np.isnan(cv).all(axis=1))
-    ts = row_ts[chunk] / 1000.0
-    gpu = [slots.uuids[u] for u in row_gpu[chunk].tolist()]
-    jobs: list[JobInfo | None] = [_job(slots, s) for s in row_series[chunk].tolist()]
+@dataclass(slots=True)
+class _Rows:
+    """The body's rows, each column whole (``_batch`` slices one batch's rows out of them)."""
+
+    ts: np.ndarray  # seconds
+    gpu: list[str]
+    jobs: list[JobInfo | None]
+    vals: np.ndarray  # (NF, rows), NaN = missing
+    cols: dict[int, list[float | int | str | None]]  # field index -> its values, None = missing
+
+
+def _batch(conv: Conversion, rows: _Rows, a: int, b: int, names: list[str], ginfo: list[GpuInfo], node: str,
+           cluster: str, digest: str, seq: int, now: float) -> None:
+    ts = rows.ts[a:b].copy()
+    gpu = rows.gpu[a:b]
+    jobs = rows.jobs[a:b]
     job_col = [j.job_id if j is not None else None for j in jobs]
     samples: dict[str, list[float | int | str | None]] = {"ts": ts.tolist(), "gpu": list(gpu)}
     if any(j is not None for j in job_col):
         samples["job"] = list(job_col)
-    names = sorted(NAMES[k] for k in present.tolist())
     for name in names:
-        samples[name] = [None if v != v else v for v in cv[FIELD_INDEX[name]].tolist()]
+        samples[name] = rows.cols[FIELD_INDEX[name]][a:b]
     by_id = {j.job_id: j for j in jobs if j is not None}
     batch = Batch(agent=AgentInfo(boot_id=f"rw-{digest}", seq=seq, node=node, cluster=cluster, version=VERSION,
                                   sent_at=now), gpus=ginfo, jobs=list(by_id.values()), samples=samples)
     conv.batches.append(batch)
-    conv.prepared.append(Prepared(batch, ts, gpu, job_col, cv.copy(), tuple(names)))
+    conv.prepared.append(Prepared(batch, ts, gpu, job_col, np.ascontiguousarray(rows.vals[:, a:b]), tuple(names)))
 
 
 def _rates(conv: Conversion, idx: np.ndarray, ids: np.ndarray, slots: Slots, rates: RateState, cluster: str,
@@ -291,12 +341,8 @@ def _job(slots: Slots, s: int) -> JobInfo | None:
     return m.job if m is not None else None
 
 
-def _rank(codes: np.ndarray, names: list[str]) -> np.ndarray:
-    """Per entry of ``codes`` (indices into ``names``): its name's rank among the names used."""
-    if not len(codes):
-        return codes
-    used = np.unique(codes).tolist()
-    rank = np.zeros(len(names), dtype=np.int64)
-    rank[sorted(used, key=names.__getitem__)] = np.arange(len(used))
-    out: np.ndarray = rank[codes]
-    return out
+def _ranks(names: list[str]) -> np.ndarray:
+    """Per code (index into ``names``): its name's rank in name order."""
+    rank = np.empty(len(names), dtype=np.int64)
+    rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+    return rank

@@ -342,6 +342,72 @@ def scan_single_samples(raw: bytes, known: Container[bytes] | None) -> SingleSam
     the general way, which also names what is malformed. ``known`` None: the caller checks
     that every key is a known label encoding (``columnar.Slots.ids``). Only the series boundaries are found
     in Python; the layout checks, timestamps and values are read for all series at once."""
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    found = _series_bounds(buf)
+    if found is not None:
+        starts, stops = found
+    else:
+        bounds = _series_bounds_walk(raw)
+        if bounds is None:
+            return None
+        starts, stops = bounds
+    t = np.array(stops, dtype=np.int64) - 18
+    cont = buf[t + 12] & buf[t + 13] & buf[t + 14] & buf[t + 15] & buf[t + 16]
+    if not ((buf[t] == 0x12) & (buf[t + 1] == 0x10) & (buf[t + 2] == 0x09) & (buf[t + 11] == 0x10)
+            & (buf[t + 17] < 0x80) & (cont >= 0x80)).all():
+        return None
+    ts = np.zeros(len(t), dtype=np.int64)
+    for k in range(5):
+        ts |= (buf[t + 12 + k].astype(np.int64) & 0x7F) << (7 * k)
+    ts |= buf[t + 17].astype(np.int64) << 35
+    values = buf[(t + 3)[:, None] + np.arange(8)].copy().view("<f8").ravel()
+    tails = t.tolist()
+    keys = [raw[s:e] for s, e in zip(starts, tails, strict=True)]
+    if known is not None and not all(map(known.__contains__, keys)):
+        return None
+    return SingleSamples(keys, ts, values)
+
+
+def _series_bounds(buf: np.ndarray) -> tuple[list[int], list[int]] | None:
+    """Where each top-level series' content starts and stops, found over the whole body at once
+    (what ``_series_bounds_walk`` finds one series after the other), or None when not sure.
+
+    A candidate is a series header as a steady-state body has it: tag 0x0A, a 2-byte length
+    (128..16383 bytes: a GPU series has a dozen labels), content that begins with a label (0x0A)
+    and ends in a sample's canonical bytes (0x12 0x10, 18 bytes before its end). A label is
+    0x0A and a 1-byte length, so labels are not candidates. The candidates are exactly the body's
+    series only if they chain: the first at 0, each one's end the next one's start, the last one's
+    end the body's end. Anything else (a short series, metadata, a label's bytes that pass the
+    filter) breaks the chain, and the caller walks the body instead: correct either way."""
+    end = len(buf)
+    if end < 24:
+        return None
+    tag = buf == 0x0A
+    c = np.flatnonzero(tag[:-3] & tag[3:])  # (one pass over the body for the two rarest tests)
+    b1 = buf[c + 1].astype(np.int64)
+    b2 = buf[c + 2].astype(np.int64)
+    two = (b1 >= 0x80) & (b2 < 0x80)
+    c, b1, b2 = c[two], b1[two], b2[two]
+    if not len(c) or c[0] != 0:
+        return None
+    start = c + 3
+    stop = start + ((b1 & 0x7F) | (b2 << 7))
+    t = np.minimum(stop, end) - 18
+    ok = (stop <= end) & (t > start)  # more than the 18 sample bytes, as the walk requires
+    t = np.where(ok, t, 0)
+    ok &= (buf[t] == 0x12) & (buf[t + 1] == 0x10)
+    if not ok.all():
+        c, start, stop = c[ok], start[ok], stop[ok]
+        if not len(c) or c[0] != 0:
+            return None
+    if stop[-1] != end or not np.array_equal(stop[:-1], c[1:]):
+        return None
+    return start.tolist(), stop.tolist()
+
+
+def _series_bounds_walk(raw: bytes) -> tuple[list[int], list[int]] | None:
+    """``_series_bounds`` one series after the other; None when a top-level field is not a
+    series of the canonical single-sample size (the general decoder's case)."""
     starts: list[int] = []
     stops: list[int] = []
     pos = 0
@@ -366,19 +432,4 @@ def scan_single_samples(raw: bytes, known: Container[bytes] | None) -> SingleSam
         return None
     if pos != end or not starts:
         return None
-    buf = np.frombuffer(raw, dtype=np.uint8)
-    t = np.array(stops, dtype=np.int64) - 18
-    cont = buf[t + 12] & buf[t + 13] & buf[t + 14] & buf[t + 15] & buf[t + 16]
-    if not ((buf[t] == 0x12) & (buf[t + 1] == 0x10) & (buf[t + 2] == 0x09) & (buf[t + 11] == 0x10)
-            & (buf[t + 17] < 0x80) & (cont >= 0x80)).all():
-        return None
-    ts = np.zeros(len(t), dtype=np.int64)
-    for k in range(5):
-        ts |= (buf[t + 12 + k].astype(np.int64) & 0x7F) << (7 * k)
-    ts |= buf[t + 17].astype(np.int64) << 35
-    values = buf[(t + 3)[:, None] + np.arange(8)].copy().view("<f8").ravel()
-    tails = t.tolist()
-    keys = [raw[s:e] for s, e in zip(starts, tails, strict=True)]
-    if known is not None and not all(map(known.__contains__, keys)):
-        return None
-    return SingleSamples(keys, ts, values)
+    return starts, stops

@@ -266,3 +266,27 @@ def test_a_body_without_the_framebuffer_series_keeps_the_gpus_memory_total(datab
             total = c.execute(text("select memory_total_bytes from gpus where uuid = 'GPU-mem'")).scalar_one()
         assert total == 4000 * 2**20
     e.dispose()
+
+
+def test_a_gpu_list_that_breaks_a_limit_is_refused_every_time_the_checked_lists_are_remembered() -> None:
+    """The receiver checks each distinct (gpus, jobs) pair of lists once (check_gpus / check_jobs
+    depend on the lists alone): a list that failed is checked, and refused, again."""
+    from types import SimpleNamespace
+
+    from gpufleet.collector.remote_write.receiver import Receiver
+
+    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=None, max_future_s=300.0),
+                           settings=SimpleNamespace(http=SimpleNamespace(max_rows_per_batch=20_000)))
+    rec = Receiver(coll)
+    long_uuid = "GPU-" + "x" * 100  # gpus[].uuid: at most 96 characters
+    for k in range(3):  # the third time the series are known: the columnar path
+        raw = body([({"__name__": "DCGM_FI_DEV_GPU_TEMP", "UUID": long_uuid, "gpu": "0", "Hostname": "bad"},
+                     [(T0 + k, 40.0)]),
+                    ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "UUID": "GPU-ok", "gpu": "0", "Hostname": "good"},
+                     [(T0 + k, 41.0)])])
+        conv = rec._parse(wire.snappy(raw), "default", 1 << 20)
+        assert not isinstance(conv, tuple)
+        assert conv.columnar == (k > 0)
+        assert len(conv.rejected) == 1 and "node 'bad'" in conv.rejected[0][1] and "uuid" in conv.rejected[0][1]
+        assert [p.batch.agent.node for p in conv.prepared] == ["good"]
+    assert len(rec._dims_ok) == 1  # the good node's lists, remembered once
