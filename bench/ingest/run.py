@@ -16,8 +16,14 @@ measured in the same run on the same machine:
 
 Run:  .venv/bin/python bench/ingest/run.py [--quick]
       .venv/bin/python bench/ingest/run.py --only query [--query-gpus 8]   # parts 5 and 6 alone
-It creates and drops its own database (gpufleet_bench_<pid>) on --pg-admin (default the
-local server) and its own VictoriaMetrics data directory; it never touches anything else.
+      .venv/bin/python bench/ingest/run.py --pg tuned,existing ...   # both servers, interleaved
+PostgreSQL (--pg): by default a throwaway instance with production write settings
+(bench/pg_instance.py: shared_buffers 1/4 RAM, max_wal_size 16GB, checkpoint_timeout 15min,
+wal_compression lz4; fsync and synchronous_commit on), started for the run and removed after;
+`--pg existing` uses the server at --pg-admin (default the local service) as before, `--pg URL`
+any server. gpufleet and the raw COPY reference always run on the same server. It creates and
+drops its own databases (gpufleet_bench_<pid>_*) and its own VictoriaMetrics data directory;
+it never touches anything else.
 Needs `wrk` and `victoria-metrics` (Debian packages); installs them with apt-get when run
 as root, otherwise says what is missing and skips those parts.
 """
@@ -50,6 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+import pg_instance  # noqa: E402
 from pgscratch import scratch_database  # noqa: E402
 
 from gpufleet.catalog import CATALOG  # noqa: E402
@@ -306,7 +313,9 @@ class Proc:
 
 
 def throwaway_db(admin: str, tag: str) -> contextlib.AbstractContextManager[str]:
-    return scratch_database(admin, f"gpufleet_bench_{os.getpid()}_{tag}")
+    """A scratch database on ``admin``: a URL, or "tuned" / "existing" (pg_instance.admin_url:
+    "tuned" starts the process-wide tuned instance on first use)."""
+    return scratch_database(pg_instance.admin_url(admin), f"gpufleet_bench_{os.getpid()}_{tag}")
 
 
 def session_cpu_s(sid: int | None = None, user: str | None = None) -> float:
@@ -430,15 +439,23 @@ def count_rows(url: str) -> int:
         e.dispose()
 
 
-def wal_lsn(url: str) -> int:
-    """The server's WAL position in bytes (pg_current_wal_lsn): a delta around a run is the WAL
-    it wrote, every database on that server included (an upper bound on a shared one)."""
-    import psycopg
-
-    from gpufleet.storage.db import asyncpg_dsn
-
-    with psycopg.connect(asyncpg_dsn(url)) as c:
-        return int(c.execute("select pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
+def server_cost(d: dict[str, Any] | None, rows: int, requests: int) -> dict[str, Any]:
+    """What a run cost its PostgreSQL server (a pg_instance.stats_delta around it), per unit:
+    WAL bytes per GPU-sample (from the WAL position: exact), full-page images per 1,000
+    GPU-samples, the checkpoints that ran, the server's CPU per request. Server-wide: on a shared
+    server other databases' work is in it (an upper bound); on the bench's own instance it is the
+    run's alone. Unknown stays None."""
+    if d is None:
+        return {"postgres_cpu_ms_per_req": None, "wal_bytes_per_gpu_sample": None}
+    rows = max(rows, 1)
+    cpu = d.get("cpu_s")
+    return {"postgres_cpu_ms_per_req": 1e3 * cpu / max(requests, 1) if cpu is not None else None,
+            "wal_bytes_per_gpu_sample": d["wal_lsn_bytes"] / rows,
+            "wal_kib_per_gpu_minute": 60 * d["wal_lsn_bytes"] / rows / 1024,
+            "wal_fpi_per_1k_gpu_samples": 1e3 * d["wal_fpi"] / rows,
+            "wal_records_per_gpu_sample": d["wal_records"] / rows,
+            "checkpoints": {"timed": d["checkpoints_timed"], "requested": d["checkpoints_req"]},
+            "server_delta": d}
 
 
 def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path, tpl: Templates, args: Any,
@@ -454,8 +471,8 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
                        seconds=args.warmup, threads=args.wrk_threads, placeholder=PLACEHOLDER, reverse=True)
         before = count_rows(url)
         log(f"{name}: measuring {args.duration:.0f} s with {args.nodes} connections")
-        cpu0, pg0 = session_cpu_s(sid), session_cpu_s(user="postgres")
-        wal0 = wal_lsn(url) if url.startswith("postgresql") else 0
+        pg0 = pg_instance.server_stats(url) if url.startswith("postgresql") else None
+        cpu0 = session_cpu_s(sid)
         w = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
                     seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER)
         elapsed = w["duration_us"] / 1e6
@@ -467,10 +484,9 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
                                f"repeated (stored once): raise --windows to at least "
                                f"{sent // args.nodes + 2}")
         time.sleep(3.0)  # let the requests in flight when wrk stopped commit
-        # Collector and PostgreSQL CPU over the run (the latter includes any other tests'
-        # databases on a shared box: an upper bound).
-        cpu, pg_cpu = session_cpu_s(sid) - cpu0, session_cpu_s(user="postgres") - pg0
-        wal = wal_lsn(url) - wal0 if url.startswith("postgresql") else 0
+        # Collector CPU over the run, and what the run cost the PostgreSQL server (server_cost)
+        cpu = session_cpu_s(sid) - cpu0
+        pgd = pg_instance.stats_delta(pg0, pg_instance.server_stats(url)) if pg0 else None
         stored = count_rows(url) - before
     ok = int(w["status"].get("200", 0))
     # Every key is distinct, so each 200 is a batch committed; the rows it says it stored are the
@@ -488,8 +504,7 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
     return {"name": name, "requests_ok": ok, "status": w["status"], "elapsed": elapsed,
             "rows_s": acked / elapsed, "db_rows": stored, "acked_rows": acked,
             "field_samples_s": acked * tpl.fields / elapsed, "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3,
-            "collector_cpu_ms_per_req": 1e3 * cpu / max(ok, 1), "postgres_cpu_ms_per_req": 1e3 * pg_cpu / max(ok, 1),
-            "wal_bytes_per_gpu_sample": wal / max(stored, 1),
+            "collector_cpu_ms_per_req": 1e3 * cpu / max(ok, 1), **server_cost(pgd, stored, ok),
             "errors": {k: v for k, v in w.items() if k.startswith("errors_") and v}}
 
 
@@ -539,7 +554,7 @@ def vm_count(port: int) -> int:
     return int(float(res[0]["value"][1])) * len(NAMES) if res else 0
 
 
-def raw_copy(url: str, tpl: Templates, seconds: float) -> dict[str, Any]:
+def raw_copy(url: str, tpl: Templates, seconds: float, label: str = "") -> dict[str, Any]:
     import asyncpg
 
     from gpufleet.storage.db import asyncpg_dsn
@@ -579,9 +594,14 @@ def raw_copy(url: str, tpl: Templates, seconds: float) -> dict[str, Any]:
         await asyncio.gather(*(worker(k) for k in range(2)))
         return done[0], time.perf_counter() - t0
 
+    pg0 = pg_instance.server_stats(url)
     rows, el = asyncio.run(main())
-    return {"name": "PostgreSQL binary COPY of the same rows, wide (asyncpg, 2 connections)", "rows_s": rows / el,
-            "field_samples_s": rows * len(NAMES) / el}
+    d = pg_instance.stats_delta(pg0, pg_instance.server_stats(url))
+    cost = server_cost(d, rows, max(rows // 8000, 1))
+    cost.pop("postgres_cpu_ms_per_req")  # per 8000-row COPY, not per request: not comparable
+    return {"name": f"PostgreSQL {label + ' ' if label else ''}binary COPY of the same rows, wide "
+                    "(asyncpg, 2 connections)",
+            "rows_s": rows / el, "field_samples_s": rows * len(NAMES) / el, "rows": rows, **cost}
 
 
 # --- storage and query -------------------------------------------------------------------------------
@@ -842,7 +862,13 @@ def main() -> int:
                          "(default 64, quick 32: more than a run sends)")
     ap.add_argument("--query-hours", type=float, default=None, help="query window (default 24, quick 2)")
     ap.add_argument("--query-gpus", type=int, default=64)
-    ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument("--pg", default="tuned",
+                    help="PostgreSQL server(s), comma-separated: tuned (default: a throwaway instance with production "
+                         "write settings, bench/pg_instance.py), existing (--pg-admin's server, the old behaviour) "
+                         "or a postgresql:// admin URL; with several, each round runs gpufleet and raw COPY on each, "
+                         "interleaved, and the storage/query part uses the first")
+    ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", pg_instance.DEFAULT_EXISTING),
+                    help="the server --pg existing means (default $GPUFLEET_BENCH_PG, else the local service)")
     ap.add_argument("--skip", action="append", default=[],
                     choices=["pg", "vm", "text", "jsonl", "rw", "copy", "sqlite", "query"],
                     help="leave out a part (vm: all three VictoriaMetrics inputs; text/jsonl/rw: one of them)")
@@ -861,10 +887,19 @@ def main() -> int:
         args.skip += ["pg", "vm", "copy", "sqlite"]
 
     tools = locate_tools()
+    specs = [x.strip() for x in args.pg.split(",") if x.strip()] or ["tuned"]
+    labels = [x if x in ("tuned", "existing") else f"server{i + 1}" for i, x in enumerate(specs)]
+    if len(set(labels)) != len(labels):
+        ap.error(f"--pg names a server twice: {args.pg}")
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
     res: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                            "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     try:
+        # the servers first (a tuned instance starts here, not inside a measured run), and what
+        # each one runs with, for the report
+        admins = {lab: pg_instance.admin_url(spec, args.pg_admin) for lab, spec in zip(labels, specs, strict=True)}
+        res["pg_servers"] = {lab: pg_instance.reported_settings(u) for lab, u in admins.items()}
+        main_pg = admins[labels[0]]
         now = time.time()
         ingest = "pg" not in args.skip or "sqlite" not in args.skip
         # --only query: one window, not the ingest runs' bodies (minutes to build for nothing)
@@ -885,22 +920,30 @@ def main() -> int:
         # Rounds interleave the three, so a noisy minute hits all of them; the ratios are
         # reported per round and as their median (one run of this box can move 20%).
         rounds: list[dict[str, Any]] = []
+        # With several servers each round runs them in a rotated order (round 2 starts with the
+        # second), so neither always runs first, right after the box's previous noise.
         for k in range(args.repeat):
             if args.repeat > 1:
                 log(f"round {k + 1} of {args.repeat}")
             r: dict[str, Any] = {}
+            order = labels[k % len(labels):] + labels[:k % len(labels)]
+            by: dict[str, dict[str, Any]] = {lab: {} for lab in labels}
             if "pg" not in args.skip:
-                with throwaway_db(args.pg_admin, f"http{k}") as url:
-                    r["pg"] = http_ingest(f"gpufleet -> PostgreSQL ({args.workers} workers)", url, tools, proto,
-                                          tpl, args, tmp, args.workers)
+                for lab in order:
+                    with throwaway_db(admins[lab], f"http{k}s{labels.index(lab)}") as url:
+                        by[lab]["pg"] = http_ingest(f"gpufleet -> PostgreSQL {lab} ({args.workers} workers)", url,
+                                                    tools, proto, tpl, args, tmp, args.workers)
             for kind, bodies in vm_bodies.items():
                 r[kind] = vm_ingest(kind, tools, bodies, tpl1, args, tmp)
             # the headline reference: remote write, VictoriaMetrics' fastest input here
             r["vm"] = r.get("vm_rw") or r.get("vm_jsonl") or r.get("vm_text")
             if "copy" not in args.skip:
-                with throwaway_db(args.pg_admin, f"copy{k}") as url:
-                    log("raw COPY")
-                    r["copy"] = raw_copy(url, tpl1, args.duration)
+                for lab in order:
+                    with throwaway_db(admins[lab], f"copy{k}s{labels.index(lab)}") as url:
+                        log(f"raw COPY ({lab})")
+                        by[lab]["copy"] = raw_copy(url, tpl1, args.duration, lab)
+            r["by_server"] = by
+            r.update(by[labels[0]])  # "pg" and "copy" of the first server, as before (capacity.py reads them)
             rounds.append(r)
         res["rounds"] = rounds
         res.update(rounds[-1])  # the detailed table shows the last round
@@ -909,7 +952,7 @@ def main() -> int:
             res["sqlite"] = http_ingest("gpufleet -> SQLite (1 worker)", url, tools, proto, tpl, args, tmp, 1)
         if "query" not in args.skip:
             start = (time.time() // 86400) * 86400 - 3 * 86400
-            with throwaway_db(args.pg_admin, "query") as url:
+            with throwaway_db(main_pg, "query") as url:
                 log(f"query: loading a {args.query_gpus}-GPU job, {args.query_hours:g} h at 1 Hz into PostgreSQL")
                 t = time.time()
                 rows = load_pg_dataset(url, args.query_hours, args.query_gpus, start)
@@ -946,8 +989,9 @@ def main() -> int:
 
 
 def ratio_cells(x: dict[str, Any]) -> dict[str, float | None]:
-    """One round's ratios: gpufleet's field-samples/s over each VictoriaMetrics input's, and its
-    rows/s over raw COPY's."""
+    """One round's ratios on one server (``x`` holds that server's "pg" and "copy"): gpufleet's
+    field-samples/s over each VictoriaMetrics input's, and its rows/s over raw COPY's on the same
+    server."""
     pg = x.get("pg")
     out: dict[str, float | None] = {}
     for k in (*VM_INPUTS, "copy"):
@@ -962,44 +1006,74 @@ def report(r: dict[str, Any]) -> None:
           f"{r['args']['duration']:.0f} s runs{', quick' if r['args']['quick'] else ''})\n")
     sizes = ", ".join(f"{k.removeprefix('body_bytes_')} {v:,} B" for k, v in r.items() if k.startswith("body_bytes_"))
     print(f"request bodies (80 rows x {len(NAMES)} fields): {sizes}\n")
-    print("| path | rows/s | field-samples/s | p50 ack | p99 ack | notes |")
+    servers = list(r.get("pg_servers") or {})
+    for lab, st in (r.get("pg_servers") or {}).items():
+        print(f"PostgreSQL {lab}: {st.get('server_version', '?').split()[0]}, "
+              + ", ".join(f"{k} {st[k]}" for k in ("shared_buffers", "max_wal_size", "checkpoint_timeout",
+                                                     "wal_compression", "wal_buffers", "synchronous_commit", "fsync")
+                          if k in st))
+    print("\n| path | rows/s | field-samples/s | p50 ack | p99 ack | notes |")
     print("|---|---|---|---|---|---|")
-    for k in ("pg", "sqlite", *VM_INPUTS, "copy"):
-        x = r.get(k)
+    last = r.get("by_server") or {}
+    rows = [last[s_].get("pg") for s_ in servers] if last else [r.get("pg")]
+    rows += [r.get(k) for k in ("sqlite", *VM_INPUTS)]
+    rows += [last[s_].get("copy") for s_ in servers] if last else [r.get("copy")]
+    for x in rows:
         if not x:
             continue
         lat = (f"{x['p50_ms']:.0f} ms", f"{x['p99_ms']:.0f} ms") if "p50_ms" in x else ("-", "-")
         note = f"status {x.get('status')}" if "status" in x else ""
         if "collector_cpu_ms_per_req" in x:
+            pgc = x.get("postgres_cpu_ms_per_req")
             note += (f"; CPU per request: collector {x['collector_cpu_ms_per_req']:.2f} ms, "
-                     f"postgres <= {x['postgres_cpu_ms_per_req']:.2f} ms")
-        if x.get("wal_bytes_per_gpu_sample"):
-            note += f"; WAL <= {x['wal_bytes_per_gpu_sample']:.0f} B per GPU-sample"
+                     f"postgres {f'{pgc:.2f} ms' if pgc is not None else 'unknown'}")
+        if x.get("wal_bytes_per_gpu_sample") is not None:
+            note += (f"; WAL {x['wal_bytes_per_gpu_sample']:.0f} B per GPU-sample, "
+                     f"{x['wal_fpi_per_1k_gpu_samples']:.1f} FPIs per 1k, checkpoints "
+                     f"{x['checkpoints']['timed']} timed + {x['checkpoints']['requested']} requested")
         print(f"| {x['name']} | {fmt(x['rows_s'])} | {fmt(x['field_samples_s'])} | {lat[0]} | {lat[1]} | {note} |")
     rounds = [x for x in r.get("rounds") or [] if x.get("pg") or x.get("vm")]  # none with --only query
-    per = [ratio_cells(x) for x in rounds]
+    # one row per round and server: that server's gpufleet and COPY beside the round's VictoriaMetrics
+    cells: list[tuple[int, str, dict[str, Any], dict[str, float | None]]] = []
+    for k, x in enumerate(rounds, 1):
+        for lab, mine in (x.get("by_server") or {"": {"pg": x.get("pg"), "copy": x.get("copy")}}).items():
+            cells.append((k, lab, mine, ratio_cells({**x, **mine})))
     if rounds:
         print(f"\n{len(rounds)} interleaved round(s) (the table above is the last); gpufleet's field-samples/s "
-              "over each VictoriaMetrics input's, rows/s over raw COPY's:\n")
-        print("| round | gpufleet/PG rows/s | vs VM text | vs VM JSON lines | vs VM remote write | vs raw COPY |")
-        print("|---|---|---|---|---|---|")
-        for k, (x, c) in enumerate(zip(rounds, per, strict=True), 1):
-            cells = [f"{c[v]:.2f}x" if c[v] else "-" for v in VM_INPUTS]
-            cells.append(f"{100 * c['copy']:.0f}%" if c["copy"] else "-")
-            print(f"| {k} | {fmt(x['pg']['rows_s']) if x.get('pg') else '-'} | {' | '.join(cells)} |")
+              "over each VictoriaMetrics input's, rows/s over raw COPY's on the same server:\n")
+        print("| round | server | gpufleet/PG rows/s | WAL KiB per GPU-minute | vs VM text | vs VM JSON lines "
+              "| vs VM remote write | vs raw COPY |")
+        print("|---|---|---|---|---|---|---|---|")
+        for k, lab, mine, c in cells:
+            cs = [f"{c[v]:.2f}x" if c[v] else "-" for v in VM_INPUTS]
+            cs.append(f"{100 * c['copy']:.0f}%" if c["copy"] else "-")
+            pg = mine.get("pg")
+            wal = f"{pg['wal_kib_per_gpu_minute']:.1f}" if pg and pg.get("wal_kib_per_gpu_minute") else "-"
+            print(f"| {k} | {lab or '-'} | {fmt(pg['rows_s']) if pg else '-'} | {wal} | {' | '.join(cs)} |")
 
-        def med(k: str) -> float | None:
-            xs = [c[k] for c in per if c[k]]
-            return statistics.median(xs) if xs else None
+        for lab in dict.fromkeys(lab for _, lab, _, _ in cells):
+            per = [c for _, lb, _, c in cells if lb == lab]
+            on = f" on PostgreSQL {lab}" if lab else ""
 
-        rw, cp = med("vm_rw"), med("copy")
-        if rw:
-            print(f"\n**headline: gpufleet/PostgreSQL vs VictoriaMetrics remote write, median {rw:.2f}x** (goal >= 3x)")
-        for k, label in (("vm_jsonl", "JSON lines"), ("vm_text", "Prometheus text")):
-            if med(k):
-                print(f"vs VictoriaMetrics {label}: median {med(k):.2f}x")
-        if cp:
-            print(f"vs raw binary COPY of the same rows: median **{100 * cp:.0f}%** (goal >= 50%)")
+            def med(k: str, per: list[dict[str, float | None]] = per) -> float | None:
+                xs = [v for c in per if (v := c[k])]
+                return statistics.median(xs) if xs else None
+
+            rw, cp = med("vm_rw"), med("copy")
+            if rw:
+                print(f"\n**headline{on}: gpufleet/PostgreSQL vs VictoriaMetrics remote write, median {rw:.2f}x** "
+                      "(goal >= 3x)")
+            for k, label in (("vm_jsonl", "JSON lines"), ("vm_text", "Prometheus text")):
+                if med(k):
+                    print(f"vs VictoriaMetrics {label}: median {med(k):.2f}x")
+            if cp:
+                print(f"vs raw binary COPY of the same rows{' on the same server' if lab else ''}: "
+                      f"median **{100 * cp:.0f}%** (goal >= 50%)")
+            wals = [m["pg"]["wal_kib_per_gpu_minute"] for _, lb, m, _ in cells
+                    if lb == lab and m.get("pg") and m["pg"].get("wal_kib_per_gpu_minute")]
+            if wals:
+                print(f"WAL per GPU-minute{on}: median {statistics.median(wals):.1f} KiB"
+                      + (" (server-wide: other databases' writes included)" if lab != "tuned" else ""))
     sq, vm = r.get("sqlite"), r.get("vm")
     if sq and vm:
         print(f"gpufleet/SQLite vs VictoriaMetrics remote write field-samples/s: "

@@ -10,9 +10,11 @@
      interleaved over --repeat rounds; reported as the ingest rows/s ratio (goal: < 10% lost),
      and whether the export kept up (samples that reached VictoriaMetrics).
 
-Run:  .venv/bin/python bench/remote_write/run.py [--quick] [--repeat N]
-Creates and drops its own databases (gpufleet_bench_<pid>_*) on --pg-admin and its own
-VictoriaMetrics data directories. Needs `wrk` and `victoria-metrics` (Debian packages).
+Run:  .venv/bin/python bench/remote_write/run.py [--quick] [--repeat N] [--pg existing]
+PostgreSQL: by default a throwaway instance with production write settings (bench/pg_instance.py),
+removed after the run; `--pg existing` uses --pg-admin's server (the old behaviour). Creates and
+drops its own databases (gpufleet_bench_<pid>_*) there and its own VictoriaMetrics data
+directories. Needs `wrk` and `victoria-metrics` (Debian packages).
 """
 
 from __future__ import annotations
@@ -229,7 +231,11 @@ def main() -> int:
     ap.add_argument("--wrk-threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds; ratios reported per round and median")
     ap.add_argument("--skip", action="append", default=[], choices=["receive", "export"])
-    ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument("--pg", default="tuned",
+                    help="tuned (default: a throwaway instance with production write settings, bench/pg_instance.py), "
+                         "existing (--pg-admin's server) or a postgresql:// admin URL")
+    ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", _ib.pg_instance.DEFAULT_EXISTING),
+                    help="the server --pg existing means (default $GPUFLEET_BENCH_PG, else the local service)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     args.duration = args.duration or (8.0 if args.quick else 20.0)
@@ -238,10 +244,12 @@ def main() -> int:
     if not (tools["wrk"] and tools["victoria-metrics"]):
         log("needs wrk and victoria-metrics (apt-get install wrk victoria-metrics)")
         return 2
+    # the server before anything is measured (a tuned instance starts here, removed at exit)
+    admin = _ib.pg_instance.admin_url(args.pg, args.pg_admin)
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-rwbench-"))
     res: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                            "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                           "rounds": []}
+                           "rounds": [], "pg_server": _ib.pg_instance.reported_settings(admin)}
     try:
         now = time.time()
         rw = tmp / "rw.bin"
@@ -258,7 +266,7 @@ def main() -> int:
         for k in range(args.repeat):
             r: dict[str, Any] = {}
             if "receive" not in args.skip:
-                with throwaway_db(args.pg_admin, f"rw{k}") as url:
+                with throwaway_db(admin, f"rw{k}") as url:
                     from gpufleet.storage.migrate import upgrade
 
                     upgrade(url)
@@ -272,9 +280,9 @@ def main() -> int:
                     r["vm"] = receive("VictoriaMetrics /api/v1/write", vport, tools, rw, per_body, args)
                 r["receive_ratio"] = ratio(r["gpufleet"]["samples_s"], r["vm"]["samples_s"])
             if "export" not in args.skip:
-                with throwaway_db(args.pg_admin, f"off{k}") as url:
+                with throwaway_db(admin, f"off{k}") as url:
                     r["off"] = ingest("ingest, export off", url, tools, proto, tpl, args, tmp, None)
-                with victoria(tools["victoria-metrics"], tmp) as vport, throwaway_db(args.pg_admin, f"on{k}") as url:
+                with victoria(tools["victoria-metrics"], tmp) as vport, throwaway_db(admin, f"on{k}") as url:
                     r["on"] = ingest("ingest, export on (to VictoriaMetrics)", url, tools, proto, tpl, args, tmp,
                                      vport)
                 r["export_ingest_ratio"] = ratio(r["on"]["rows_s"], r["off"]["rows_s"])
@@ -293,6 +301,10 @@ def report(res: dict[str, Any]) -> None:
     rounds = res["rounds"]
     print(f"\n## remote write ({res['started']}, {res['cpus']} CPUs, {res['args']['conns']} connections, "
           f"{res['args']['duration']:.0f} s runs, {len(rounds)} round(s))\n")
+    st = res.get("pg_server") or {}
+    print("PostgreSQL: " + ", ".join(f"{k} {st[k]}" for k in ("server_version", "shared_buffers", "max_wal_size",
+                                                               "checkpoint_timeout", "wal_compression") if k in st)
+          + "\n")
     b = res["rw_bodies"]
     print(f"remote-write bodies: {b['bodies']} distinct, {b['samples_per_body']:.0f} samples, "
           f"{b['bytes_per_body']} B snappy each\n")
