@@ -19,7 +19,12 @@ What cannot merge exactly: a batch that lands *inside* a minute's stored span (a
 filling a gap between two stored ones) cannot know the busy bits of its neighbours, so that
 minute's switch count misses up to two boundary switches; ``interior`` counts such merges.
 Batches that arrive before or after the stored span (in order, late, or reversed) merge
-exactly, and the batch ledger makes every batch fold once."""
+exactly, and the batch ledger makes every batch fold once. Fields that complete rows folded
+before (a remote-write sender's shards: ``unique_rows``) fold as the change they make to
+those rows (``field_merge``): exact for every sum, count and extreme; the busy-switch count
+and first/last busy bits stay as they were unless the late field is ``sm_active`` itself and
+changes a row's busy bit, and then ``interior`` counts it (the switch count is unknown there,
+as for a late batch inside the span)."""
 
 from __future__ import annotations
 
@@ -264,7 +269,9 @@ FEATURE_TABLE = "gpu_minute_features"
 HIST_TABLE = "job_hist_features"
 
 
-def _merge_expr(c: str, rule: str) -> str:
+def _merge_expr(c: str, rule: str, supplement: bool = False) -> str:
+    """``supplement``: the state folds fields of rows already counted (``field_merge``): its
+    ``interior`` is the count itself (not one more merge inside the span)."""
     t, x = FEATURE_TABLE, "excluded"
     o, w = f"{t}.{c}", f"{x}.{c}"
     after, before = f"{x}.first_ts > {t}.last_ts", f"{x}.last_ts < {t}.first_ts"
@@ -283,6 +290,8 @@ def _merge_expr(c: str, rule: str) -> str:
     if rule == "trans":
         return (f"{o} + {w} + CASE WHEN {after} THEN ABS({t}.last_busy - {x}.first_busy) "
                 f"WHEN {before} THEN ABS({x}.last_busy - {t}.first_busy) ELSE 0 END")
+    if supplement:
+        return f"{o} + {w}"  # interior
     return f"{o} + {w} + CASE WHEN {after} OR {before} THEN 0 ELSE 1 END"  # interior
 
 
@@ -290,8 +299,9 @@ MERGE_SQL = ", ".join(f"{c} = {_merge_expr(c, r)}" for c, r in RULES.items())
 _COLS = (*KEY, *STATE)
 
 
-def _feature_sql(dialect: str) -> str:
-    conflict = f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {MERGE_SQL}"
+def _feature_sql(dialect: str, supplement: bool = False) -> str:
+    merge = ", ".join(f"{c} = {_merge_expr(c, r, supplement)}" for c, r in RULES.items()) if supplement else MERGE_SQL
+    conflict = f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {merge}"
     if dialect == "postgresql":
         types = ["int4[]" if c in INT_COLUMNS or c in ("job_pk", "gpu_pk") else "float8[]" for c in _COLS]
         args = ", ".join(f"%b::{ty}" for ty in types)
@@ -305,18 +315,19 @@ _HIST_SQL_PG = (f"INSERT INTO {HIST_TABLE} (job_pk, hour, folds, h) "
                 f"SELECT u.j, u.hr, 1, (%b::int4[])[(u.i - 1) * {HIST_LEN} + 1 : u.i * {HIST_LEN}] "
                 "FROM unnest(%b::int4[], %b::int4[]) WITH ORDINALITY AS u(j, hr, i) "
                 f"ON CONFLICT (job_pk, hour) DO UPDATE SET {_HIST_MERGE_PG}")
-_SQL: dict[str, str] = {}
+_SQL: dict[tuple[str, bool], str] = {}
 
 
-def upsert_folded(conn: Connection, f: Folded) -> None:
+def upsert_folded(conn: Connection, f: Folded, supplement: bool = False) -> None:
     """Fold ``f`` into the stored states inside the caller's transaction. Keys go in sorted
-    order, so concurrent writers lock shared rows in one order (no deadlocks)."""
+    order, so concurrent writers lock shared rows in one order (no deadlocks). ``supplement``:
+    ``f`` is a change to rows already folded (``field_merge``)."""
     if not len(f):
         return
     dialect = dialect_of(conn)
-    sql = _SQL.get(dialect)
+    sql = _SQL.get((dialect, supplement))
     if sql is None:
-        sql = _SQL[dialect] = _feature_sql(dialect)
+        sql = _SQL[(dialect, supplement)] = _feature_sql(dialect, supplement)
     arrays = [f.job_pk, f.bucket, f.gpu_pk] + [f.cols[c] for c in STATE]
     if dialect == "postgresql":
         params = [pg_array(a, integer=c in INT_COLUMNS or c in ("job_pk", "gpu_pk"))
@@ -347,16 +358,21 @@ def upsert_folded(conn: Connection, f: Folded) -> None:
                              (job, hour, folds, total.astype("<i4").tobytes()))
 
 
-def fold_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> None:
-    """The write path's hook: fold the stored rows (``vals`` in catalog order) as the raw
-    store holds them: f4 fields through float32, as a raw read returns them."""
+def raw_columns(vals: np.ndarray) -> dict[str, np.ndarray]:
+    """The fold's columns of ``vals`` (catalog order) as the raw store holds them: f4 fields
+    through float32, as a raw read returns them."""
     from gpufleet.storage.fields import FIELD_INDEX, FIELDS
 
     cols = {}
     for name in RAW_FIELDS:
         v = vals[FIELD_INDEX[name]]
         cols[name] = v.astype(np.float32).astype(np.float64) if FIELDS[FIELD_INDEX[name]].dtype == "f4" else v
-    upsert_folded(conn, fold(ts, gpu_pk, job_pk, cols))
+    return cols
+
+
+def fold_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> None:
+    """The write path's hook: fold the stored rows (``vals`` in catalog order)."""
+    upsert_folded(conn, fold(ts, gpu_pk, job_pk, raw_columns(vals)))
 
 
 # --- reading -----------------------------------------------------------------------------

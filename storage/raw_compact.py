@@ -12,8 +12,9 @@ transaction.
 Safety: exactly the rows read are deleted (by ``ctid`` under ``FOR UPDATE`` on PostgreSQL, by
 ``rowid`` on SQLite), so a block a writer adds meanwhile is never lost, and two compactors do
 not merge the same blocks twice (the second waits on the row locks, then no longer finds
-them). A sample already stored twice by the race that ``unique_rows`` documents (two
-transactions writing the same GPU-minute at once) is kept once. Late batches for a window
+them). A (GPU, ts) row stored in several blocks (a supplement row: ``unique_rows``; or a
+sample stored twice by the race that ``unique_rows`` documents, two transactions writing the
+same GPU-minute at once) becomes one row, each field its first stored value. Late batches for a window
 compacted already just add a block; a later pass merges it while the window is within
 ``lookback_s``."""
 
@@ -27,7 +28,7 @@ from sqlalchemy import Connection, Engine, text
 
 from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.raw_samples import BLOCK_S, block_rows, write_block_rows
-from gpufleet.storage.sample_codec import ZSTD, decode_blocks
+from gpufleet.storage.sample_codec import ZSTD, coalesce, decode_blocks
 
 COMPACT_AFTER_S = 120.0  # a window is merged this long after it closed (late group commits)
 LOOKBACK_S = 6 * 3600.0  # windows older than this are left as they are
@@ -41,8 +42,12 @@ def compact_windows(engine: Engine, now: float, *, lookback_s: float = LOOKBACK_
     hi = math.floor((now - COMPACT_AFTER_S) / BLOCK_S) * BLOCK_S  # windows starting before hi are closed
     lo = hi - lookback_s
     with engine.connect() as c:
+        # The window number is floor(t0 / w): PostgreSQL's CAST rounds (a window's blocks starting
+        # in its second half were numbered as the next window and never merged); SQLite's CAST
+        # truncates, which is the floor for these positive times (it may lack FLOOR()).
+        win = "CAST(FLOOR(t0 / :w) AS INTEGER)" if is_postgres(c) else "CAST(t0 / :w AS INTEGER)"
         groups = c.execute(text(
-            "SELECT gpu_pk, CAST(t0 / :w AS INTEGER) AS win FROM gpu_sample_blocks WHERE t0 >= :lo AND t0 < :hi "
+            f"SELECT gpu_pk, {win} AS win FROM gpu_sample_blocks WHERE t0 >= :lo AND t0 < :hi "
             "GROUP BY gpu_pk, job_pk, win HAVING count(*) > 1 ORDER BY win, gpu_pk LIMIT :m"),
             {"w": BLOCK_S, "lo": lo, "hi": hi, "m": max_groups}).all()
     merged = 0
@@ -75,12 +80,11 @@ def _merge(c: Connection, gpus: list[int], lo: float, hi: float) -> int:
     ts, vals, counts = decode_blocks([bytes(r[5]) for r in picked])
     gpu = np.repeat([r[2] for r in picked], counts).astype(np.int64)
     job = np.repeat([-1 if r[3] is None else r[3] for r in picked], counts).astype(np.int64)
-    # One sample per (GPU, ts): the first stored copy wins (blocks in t0 order, stable sort).
+    # One row per (GPU, ts): a supplement block's fields join the row they complete, and of
+    # a sample stored twice the first stored copy's values win (blocks in t0 order, stable sort).
     order = np.lexsort((ts, gpu))
-    g, t = gpu[order], ts[order]
-    keep = np.r_[True, (g[1:] != g[:-1]) | (t[1:] != t[:-1])]
-    sel = order[keep]
-    new = block_rows(ts[sel], gpu[sel], job[sel], vals[:, sel], codec=ZSTD)  # off the hot path: smallest
+    t, g, j, v = coalesce(ts[order], gpu[order], job[order], vals[:, order])
+    new = block_rows(t, g, j, v, codec=ZSTD)  # off the hot path: smallest
     if is_postgres(c):
         by_oid: dict[int, list[str]] = {}
         for r in picked:

@@ -1,8 +1,12 @@
 """Every read of raw samples goes through here (the blocks of ``gpu_sample_blocks`` are
 opaque to everything else): ``read_raw`` for samples as numpy arrays, ``count_raw_samples``
-for tests and operations, ``stored_keys`` for the duplicate check (timestamps only), and
+for tests and operations, ``stored_keys`` ((GPU, ts) keys, timestamps only decoded), and
 ``job_sample_matrix``, the goodput analysis's raw read (kept as the fallback once the
 analysis reads minute features).
+
+A (GPU, ts) row whose fields were stored by several writes (a supplement row beside the
+first one: ``unique_rows``) is read as one row, field by field (``sample_codec.coalesce``);
+``count_raw_samples`` counts it once (a supplement block's ``n`` is 0: ``raw_samples``).
 
 Only blocks that can overlap the asked time range are fetched: a block never crosses a
 ``BLOCK_S`` window, so ``t0 >= floor(lo / BLOCK_S) * BLOCK_S`` bounds the index scan on
@@ -21,7 +25,7 @@ from sqlalchemy import Connection, func, select
 from gpufleet.storage.fields import FIELD_INDEX, FIELDS, NAMES
 from gpufleet.storage.models import gpu_sample_blocks as _b
 from gpufleet.storage.raw_samples import BLOCK_S
-from gpufleet.storage.sample_codec import decode_blocks, decode_times
+from gpufleet.storage.sample_codec import coalesce, decode_blocks, decode_times
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +76,10 @@ def read_raw(conn: Connection, *, job_pk: int | None = None, gpu_pks: Iterable[i
     order = np.lexsort((ts[keep], gpu[keep]))
     pick = np.flatnonzero(keep)[order]
     rowsel = [FIELD_INDEX[f] for f in names] if fields is not None else slice(None)
-    return RawSamples(ts[pick], gpu[pick], job[pick], vals[rowsel][:, pick], names)
+    # Coalesce before dropping fields: a supplement row holding none of ``fields`` still
+    # has to fold into its row, not stand as a second one.
+    ts, gpu, job, v = coalesce(ts[pick], gpu[pick], job[pick], vals[:, pick])
+    return RawSamples(ts, gpu, job, v[rowsel], names)
 
 
 def raw_records(conn: Connection, **where: Any) -> list[dict[str, Any]]:
@@ -92,7 +99,8 @@ def raw_records(conn: Connection, **where: Any) -> list[dict[str, Any]]:
 
 
 def count_raw_samples(conn: Connection, *, job_pk: int | None = None, gpu_pks: Iterable[int] | None = None) -> int:
-    """How many raw samples are stored (a block's ``n``, nothing decoded)."""
+    """How many raw samples are stored (a block's ``n``, nothing decoded; a (GPU, ts) row
+    whose fields came in several writes counts once)."""
     q = _where(select(func.coalesce(func.sum(_b.c.n), 0)), job_pk, gpu_pks, -math.inf, math.inf)
     return int(conn.execute(q).scalar_one())
 

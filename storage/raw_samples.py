@@ -6,7 +6,13 @@ seam; ``raw_read`` is its one read seam.
 Why group by job too: a block carries one ``job_pk`` so a job's raw samples are found by
 the (job_pk, t0) index without decoding other jobs' blocks. Why a fixed window: a block never
 crosses a window (nor so a UTC day, the partition), so a lookup for [lo, hi) only needs blocks
-with ``lo - BLOCK_S < t0 < hi``, an index range."""
+with ``lo - BLOCK_S < t0 < hi``, an index range.
+
+Supplement rows (fields of a (GPU, ts) row stored earlier, which a later write brought:
+``unique_rows``) go in blocks of their own whose ``n`` column is 0: ``n`` counts the samples
+a block adds, so ``count_raw_samples`` stays a sum of ``n``; the block's header still has
+its row count, and compaction coalesces it into its window's block (``n`` then counts
+each row once)."""
 
 from __future__ import annotations
 
@@ -45,6 +51,12 @@ def block_rows(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.
                                                starts.tolist(), ends.tolist(), data, strict=True)]
 
 
+def supplement_block_rows(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray
+                          ) -> list[BlockRow]:
+    """Blocks of supplement rows (each completing a row stored in another block): n = 0."""
+    return [(g, j, t0, t1, 0, d) for g, j, t0, t1, _, d in block_rows(ts, gpu_pk, job_pk, vals)]
+
+
 def write_block_rows(conn: Connection, rows: list[BlockRow]) -> None:
     if not rows:
         return
@@ -59,6 +71,11 @@ def write_block_rows(conn: Connection, rows: list[BlockRow]) -> None:
     conn.exec_driver_sql(_INSERT_SQL, rows)
 
 
-def insert_samples(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray) -> None:
-    """Store these samples (``vals`` (NF, n), NaN = absent) inside the caller's transaction."""
-    write_block_rows(conn, block_rows(ts, gpu_pk, job_pk, vals))
+def insert_samples(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray,
+                   supplements: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+    """Store these samples (``vals`` (NF, n), NaN = absent) inside the caller's transaction,
+    and ``supplements`` (ts, gpu_pk, job_pk, vals: fields of stored rows) in one write."""
+    rows = block_rows(ts, gpu_pk, job_pk, vals)
+    if supplements is not None and len(supplements[0]):
+        rows += supplement_block_rows(*supplements)
+    write_block_rows(conn, rows)

@@ -90,12 +90,24 @@ def rollup(keys: np.ndarray, ts: np.ndarray, vals: np.ndarray, carry: np.ndarray
     return k[starts], b[starts], n, t[ends], out, c
 
 
-def _merge_sql(table: str) -> str:
+def _merge_sql(table: str, supplement: bool = False) -> str:
     """ON CONFLICT updates folding a new partial aggregate into the stored one (the same SQL
-    on PostgreSQL and SQLite; SET expressions see the row's old values)."""
+    on PostgreSQL and SQLite; SET expressions see the row's old values).
+
+    ``supplement``: the partial aggregates fields of rows the stored aggregate already
+    counted (``unique_rows``: a later request's fields of a stored (GPU, ts) row), so ``n``,
+    ``last_ts`` and ``job_pk`` stay as they are, and a mean treats the partial's ``n`` rows as
+    rows of the stored ``n`` that lacked the field: ``(o * (n - k) + w * k) / n``. Exact when
+    the field is new for the stored minute (``o`` NULL: the usual split, each shard carrying
+    its own series) or when every stored row lacking it gets it from this partial; the
+    per-row weighting is the rule's general approximation (it holds no per-field counts).
+    ``last`` keeps the partial's value only when it is as new as the stored row's newest."""
     t, x = table, "excluded"
-    sets = [f"n = {t}.n + {x}.n",
-            f"last_ts = CASE WHEN {x}.last_ts > {t}.last_ts THEN {x}.last_ts ELSE {t}.last_ts END"]
+    if supplement:
+        sets = [f"n = {t}.n", f"last_ts = {t}.last_ts"]
+    else:
+        sets = [f"n = {t}.n + {x}.n",
+                f"last_ts = CASE WHEN {x}.last_ts > {t}.last_ts THEN {x}.last_ts ELSE {t}.last_ts END"]
     for f in FIELDS:
         o, w = f"{t}.{f.name}", f"{x}.{f.name}"
         if f.rollup == "max":
@@ -103,11 +115,15 @@ def _merge_sql(table: str) -> str:
         elif f.rollup == "last":
             e = (f"CASE WHEN {w} IS NULL THEN {o} WHEN {o} IS NULL THEN {w} "
                  f"WHEN {x}.last_ts >= {t}.last_ts THEN {w} ELSE {o} END")
+        elif supplement:
+            e = (f"CASE WHEN {w} IS NULL THEN {o} WHEN {o} IS NULL THEN {w} "
+                 f"WHEN {t}.n > {x}.n THEN ({o} * ({t}.n - {x}.n) + {w} * {x}.n) / {t}.n "
+                 f"ELSE ({o} * {t}.n + {w} * {x}.n) / ({t}.n + {x}.n) END")
         else:  # mean, weighted by samples folded in (per row, not per non-null value)
             e = (f"CASE WHEN {w} IS NULL THEN {o} WHEN {o} IS NULL THEN {w} "
                  f"ELSE ({o} * {t}.n + {w} * {x}.n) / ({t}.n + {x}.n) END")
         sets.append(f"{f.name} = {e}")
-    if table == "gpu_samples_1m":
+    if table == "gpu_samples_1m" and not supplement:
         sets.append(f"job_pk = CASE WHEN {x}.last_ts >= {t}.last_ts THEN {x}.job_pk ELSE {t}.job_pk END")
     return ", ".join(sets)
 
@@ -115,9 +131,9 @@ def _merge_sql(table: str) -> str:
 _PG_ARRAY = {"f4": "float8[]", "f8": "float8[]", "i8": "int8[]"}
 
 
-def _rollup_sql(dialect: str, table: str, key_col: str) -> str:
+def _rollup_sql(dialect: str, table: str, key_col: str, supplement: bool = False) -> str:
     cols = [key_col, "bucket", "n", "last_ts"] + (["job_pk"] if table == "gpu_samples_1m" else []) + list(NAMES)
-    conflict = f"ON CONFLICT ({key_col}, bucket) DO UPDATE SET {_merge_sql(table)}"
+    conflict = f"ON CONFLICT ({key_col}, bucket) DO UPDATE SET {_merge_sql(table, supplement)}"
     if dialect == "postgresql":
         types = ["int4[]", "float8[]", "int4[]", "float8[]"] + (["int4[]"] if table == "gpu_samples_1m" else []) \
             + [_PG_ARRAY[f.dtype] for f in FIELDS]
@@ -129,18 +145,21 @@ def _rollup_sql(dialect: str, table: str, key_col: str) -> str:
     return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) {conflict}"
 
 
-_SQL_CACHE: dict[tuple[str, str, str], str] = {}
+_SQL_CACHE: dict[tuple[str, str, str, bool], str] = {}
 
 
 def upsert_rollup(conn: Connection, table: Any, key_col: str, keys: np.ndarray, buckets: np.ndarray,
-                   n: np.ndarray, last_ts: np.ndarray, agg: np.ndarray, carry: np.ndarray | None) -> None:
+                   n: np.ndarray, last_ts: np.ndarray, agg: np.ndarray, carry: np.ndarray | None,
+                   supplement: bool = False) -> None:
+    """Fold partial aggregates into the stored rows; ``supplement``: of rows already counted
+    (``_merge_sql``)."""
     if not len(keys):
         return
     dialect = dialect_of(conn)
-    ck = (dialect, table.name, key_col)
+    ck = (dialect, table.name, key_col, supplement)
     sql = _SQL_CACHE.get(ck)
     if sql is None:
-        sql = _SQL_CACHE[ck] = _rollup_sql(dialect, table.name, key_col)
+        sql = _SQL_CACHE[ck] = _rollup_sql(dialect, table.name, key_col, supplement)
     # Sorted keys: concurrent writers lock rollup rows in the same order (no deadlocks).
     if dialect == "postgresql":
         arrays = [keys, buckets, n, last_ts] + ([np.where(carry < 0, np.nan, carry)] if carry is not None else [])

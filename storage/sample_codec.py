@@ -25,7 +25,13 @@ with a handful of numpy operations over all its rows; per-block, per-field decis
 float32 and back, which is exact for the f4-exact values the collector stores.
 
 A catalog that only appends fields decodes old blocks (missing trailing fields are NaN);
-a block with more fields than this catalog is refused (``CorruptBlock``)."""
+a block with more fields than this catalog is refused (``CorruptBlock``).
+
+A (GPU, ts) row may be stored in several blocks, each holding some of its fields (a
+remote-write sender's shards deliver one row's fields in separate requests; the later ones
+are stored as supplement rows, their already-stored fields absent: ``storage.unique_rows``).
+``coalesce`` makes one row of them, field by field, the first present value winning; every
+reader of decoded blocks applies it (``raw_read``, ``raw_compact``)."""
 
 from __future__ import annotations
 
@@ -246,6 +252,27 @@ def decode_blocks(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarr
             lo = int(counts[:k].sum())
             vals[:, lo:lo + n] = decode_block(blocks[k])[1]
     return _times(cols, first), vals, counts
+
+
+def coalesce(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One row per (gpu_pk, ts) of rows sorted by (gpu_pk, ts) (equal keys in storage order):
+    each field the first present (non-NaN) value of its copies, job_pk the first copy's. Rows
+    without a copy come back as they are (the same arrays when no key repeats: one vectorized
+    comparison, the readers' steady state)."""
+    n = len(ts)
+    if n < 2:
+        return ts, gpu_pk, job_pk, vals
+    again = (gpu_pk[1:] == gpu_pk[:-1]) & (ts[1:] == ts[:-1])
+    if not again.any():
+        return ts, gpu_pk, job_pk, vals
+    starts = np.flatnonzero(np.r_[True, ~again])
+    # Per field and key, the first copy holding a value (n where none does: stays NaN).
+    pos = np.where(np.isnan(vals), n, np.arange(n))
+    first = np.minimum.reduceat(pos, starts, axis=1)
+    picked = np.take_along_axis(vals, np.minimum(first, n - 1), axis=1)
+    out = np.where(first < n, picked, np.nan)
+    return ts[starts], gpu_pk[starts], job_pk[starts], out
 
 
 def decode_times(data: bytes | memoryview) -> np.ndarray:

@@ -1,20 +1,32 @@
-"""One sample per (GPU, ts): which rows of a write are new. The ledger makes a *batch* stored
-once; this makes a *sample* stored once when the same rows arrive under different batch keys
-(an agent's spool replayed after its identity was reset, an import overlapping live data, two
-senders for one GPU). The first stored wins; later copies are skipped and not counted.
+"""Every field of a (GPU, ts) row stored once: which rows of a write are new, and which fields
+of rows stored before they bring. The ledger makes a *batch* stored once; this makes a *field
+sample* stored once when the same row arrives under different batch keys (an agent's spool
+replayed after its identity was reset, an import overlapping live data, two senders for one
+GPU) or in pieces (a Prometheus remote-write sender's shards each carry some of a GPU's
+series, so one row's fields come in several requests). Per field the first stored value
+wins: a row whose fields were all stored is skipped (not counted as stored); a row that
+brings fields the stored row lacks becomes a *supplement* row, those fields only (the stored
+ones masked to absent), which the raw store keeps beside the first (``raw_samples``: its
+block adds no sample to ``n``) and every raw read coalesces (``sample_codec.coalesce``). The
+rollups and minute features fold a supplement's fields without counting its row again
+(``field_merge``). Copies within one write are coalesced the same way before anything is
+stored.
 
 Cost model: the common case (rows later than everything stored for their GPU-minute) is
 decided from the GPU-minute rollup rows alone (their ``last_ts`` bounds every stored sample of
 that minute): one indexed join per group commit, which returns nothing in the steady state.
-Only a GPU-minute where new rows do not all come after ``last_ts`` (late or repeated data)
-reads raw timestamps, for those GPUs and that time span only: the blocks overlapping it,
-found by the (gpu_pk, t0) index, with only their timestamps decoded (``raw_read.stored_keys``).
+Only a GPU-minute where new rows do not all come after ``last_ts`` (late, repeated or split
+data) reads raw rows, for those GPUs and that time span only: the blocks overlapping it,
+found by the (gpu_pk, t0) index, decoded with their values (which fields a stored row has).
 
 Limits (docs/protocol.md): two transactions writing the same GPU-minute concurrently do not
-see each other's rows, and rows older than raw retention are not compared (their rollups are
-kept longer than their raw rows)."""
+see each other's rows (the readers then coalesce the two copies, the first stored value of
+each field winning, but the rollups counted both), and rows older than raw retention are not
+compared (their rollups are kept longer than their raw rows)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
@@ -22,36 +34,127 @@ from sqlalchemy import Connection
 
 from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.pg_arrays import pg_array, query_prepared
-from gpufleet.storage.raw_read import stored_keys
+from gpufleet.storage.raw_read import read_raw
 from gpufleet.storage.rollups import BUCKET_S
 
 
-def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mask of the rows to store (first copies within the write, and not already stored), and
-    ``np.lexsort((ts, gpu_pk))`` of the input rows (callers reuse it when nothing was dropped)."""
-    keep = np.ones(len(ts), bool)
+@dataclass(slots=True)
+class NewRows:
+    """What a write stores. ``keep``: the input rows to store as new rows; ``vals``: the input
+    values with each kept row's copies within the write coalesced into it (the input array
+    itself when the write has no such copies); ``order``: ``np.lexsort((ts, gpu_pk))`` of the
+    input rows; ``counted``: the input rows that brought at least one field (what a batch
+    reports as stored). ``supp``: input rows completing a stored row, ``supp_vals`` their new
+    fields only (NaN elsewhere), ``supp_job`` the stored row's job_pk (-1 = none), and
+    ``stored_vals`` the stored row's values (what the minute features folded for it)."""
+
+    keep: np.ndarray
+    order: np.ndarray
+    vals: np.ndarray
+    counted: np.ndarray
+    supp: np.ndarray
+    supp_vals: np.ndarray
+    supp_job: np.ndarray
+    stored_vals: np.ndarray
+
+
+def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, vals: np.ndarray) -> NewRows:
+    """Which rows (and fields) of the write ``ts``/``gpu_pk``/``vals`` (NF, n) to store."""
+    n = len(ts)
+    keep = np.ones(n, bool)
     order = np.lexsort((ts, gpu_pk))  # stable: equal keys stay in input order
-    if not len(ts):
-        return keep, order
+    nf = vals.shape[0]
+    none = np.empty(0, np.int64)
+    out = NewRows(keep, order, vals, keep, none, np.empty((nf, 0)), none, np.empty((nf, 0)))
+    if not n:
+        return out
     g, t = gpu_pk[order], ts[order]
-    if len(ts) > 1:
-        again = np.flatnonzero((g[1:] == g[:-1]) & (t[1:] == t[:-1])) + 1
-        keep[order[again]] = False
+    # brought[:, r]: the fields row r is the first to bring (None while no row repeats).
+    brought: np.ndarray | None = None
+    if n > 1:
+        again = (g[1:] == g[:-1]) & (t[1:] == t[:-1])
+        if again.any():
+            brought = _coalesce_copies(out, again)
     # The earliest new row of each GPU-minute (sorted by GPU then time, the minute follows ts),
     # asked against the stored rows' newest: only overlapping GPU-minutes come back.
     b = np.floor(t / BUCKET_S) * BUCKET_S
     starts = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (b[1:] != b[:-1])])
     overlap = _overlapping(conn, g[starts], b[starts], t[starts])
-    if not overlap:
-        return keep, order
+    if overlap:
+        brought = _against_stored(conn, out, ts, gpu_pk, overlap, brought)
+    if brought is not None:
+        out.counted = np.asarray(brought.any(axis=0))
+    return out
+
+
+def _coalesce_copies(out: NewRows, again: np.ndarray) -> np.ndarray:
+    """Fold the write's copies of a (GPU, ts) row into its first copy (per field the first
+    value wins), drop the others from ``keep``; returns which fields each row brought."""
+    n = len(out.order)
+    sorted_vals = out.vals[:, out.order]
+    starts = np.flatnonzero(np.r_[True, ~again])
+    pos = np.where(np.isnan(sorted_vals), n, np.arange(n))
+    first = np.minimum.reduceat(pos, starts, axis=1)  # (NF, keys): the sorted row bringing each field
+    brought = np.zeros(out.vals.shape, bool)
+    fi, ki = np.nonzero(first < n)
+    brought[fi, out.order[first[fi, ki]]] = True
+    heads = out.order[starts]
+    picked = np.take_along_axis(sorted_vals, np.minimum(first, n - 1), axis=1)
+    vals = out.vals.copy()
+    vals[:, heads] = np.where(first < n, picked, np.nan)
+    out.vals = vals
+    out.keep = np.zeros(n, bool)
+    out.keep[heads] = True
+    return brought
+
+
+def _against_stored(conn: Connection, out: NewRows, ts: np.ndarray, gpu_pk: np.ndarray,
+                    overlap: list[tuple[int, float]], brought: np.ndarray | None) -> np.ndarray | None:
+    """Rows (of ``keep``) that a stored row of an overlapping GPU-minute already holds: all
+    their fields stored -> dropped; some new -> a supplement of those fields."""
     og = sorted({gg for gg, _ in overlap})
-    seen = stored_keys(conn, og, min(bb for _, bb in overlap), max(bb for _, bb in overlap) + BUCKET_S)
-    if seen:
-        rows = np.flatnonzero(keep & np.isin(gpu_pk, og))
-        for r, gg, tt in zip(rows.tolist(), gpu_pk[rows].tolist(), ts[rows].tolist(), strict=True):
-            if (gg, tt) in seen:
-                keep[r] = False
-    return keep, order
+    lo, hi = min(bb for _, bb in overlap), max(bb for _, bb in overlap) + BUCKET_S
+    st = read_raw(conn, gpu_pks=og, t0=lo, t1=hi)  # coalesced: one row per stored (GPU, ts)
+    if not len(st):
+        return brought
+    where = {k: i for i, k in enumerate(zip(st.gpu_pk.tolist(), st.ts.tolist(), strict=True))}
+    rows = np.flatnonzero(out.keep & np.isin(gpu_pk, og))
+    hit = [(r, where.get(k)) for r, k in zip(rows.tolist(), zip(gpu_pk[rows].tolist(), ts[rows].tolist(),
+                                                                  strict=True), strict=True)]
+    pairs = [(r, i) for r, i in hit if i is not None]
+    if not pairs:
+        return brought
+    r = np.array([p[0] for p in pairs], np.int64)
+    i = np.array([p[1] for p in pairs], np.int64)
+    sv = st.vals[:, i]
+    new_fields = ~np.isnan(out.vals[:, r]) & np.isnan(sv)
+    if brought is None:
+        brought = ~np.isnan(out.vals)
+    # A field the stored row has is brought by nobody; a kept row's copies keep their share.
+    stale = np.zeros(out.vals.shape, bool)
+    stale[:, r] = ~np.isnan(sv)
+    if len(r) and not out.keep.all():  # copies within the write: mask their fields too
+        stale |= _spread_to_copies(out, stale)
+    brought &= ~stale
+    out.keep = out.keep.copy()
+    out.keep[r] = False
+    has_new = new_fields.any(axis=0)
+    out.supp = r[has_new]
+    out.supp_vals = np.where(new_fields[:, has_new], out.vals[:, out.supp], np.nan)
+    out.supp_job = st.job_pk[i[has_new]]
+    out.stored_vals = sv[:, has_new]
+    return brought
+
+
+def _spread_to_copies(out: NewRows, head_mask: np.ndarray) -> np.ndarray:
+    """``head_mask`` (set on kept rows) copied to every row of the same (GPU, ts) key."""
+    o = out.order
+    s = head_mask[:, o]
+    key_start = out.keep[o]  # the first sorted row of each key is its kept one
+    grp = np.cumsum(key_start) - 1
+    spread = np.zeros(head_mask.shape, bool)
+    spread[:, o] = s[:, key_start][:, grp]
+    return spread
 
 
 def _overlapping(conn: Connection, gpus: np.ndarray, buckets: np.ndarray, first_ts: np.ndarray

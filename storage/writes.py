@@ -9,8 +9,10 @@ The order of one write, and the module doing each step:
 3. nodes seen, GPUs, jobs (``dimensions``), with the checks that need the database's view, and
    the jobs' sample times (``jobs.touch_jobs``: every job row a write locks, it locks here);
 4. the rows of all new batches as one set of arrays, less the (GPU, ts) samples already
-   stored under another batch key (``unique_rows``): raw samples as compressed blocks
-   (``raw_samples`` + ``sample_codec``), 1-minute rollups (``rollups``), job times and allocations (``jobs``);
+   stored under another batch key, and the fields they bring to stored rows as supplements
+   (``unique_rows``): raw samples as compressed blocks (``raw_samples`` + ``sample_codec``),
+   1-minute rollups (``rollups``), minute features, the supplements' fields folded once
+   (``field_merge``), job times and allocations (``jobs``);
 5. every section writer in ``SECTION_WRITERS`` (events, and whatever new protocol sections
    add), each given the same ``WriteContext``.
 
@@ -32,6 +34,7 @@ from gpufleet.storage.collectives import write_fabric
 from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.dimensions import cluster_ids, gpu_ids, job_ids, mark_nodes_seen, node_ids, referenced_jobs
 from gpufleet.storage.events import write_events
+from gpufleet.storage.field_merge import fold_supplements
 from gpufleet.storage.fields import NF
 from gpufleet.storage.jobs import allocations, close_stale_jobs, touch_jobs
 from gpufleet.storage.ledger import ledger_insert
@@ -115,22 +118,31 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     # the reverse (PostgreSQL's log, 1,000-connection ingest bench). In job_ids' order too.
     # Copies of stored samples change nothing here: min/max over rows already counted.
     touch_jobs(conn, job_pk, ts, cache, job_keys=jpks)
-    # One sample per (GPU, ts): copies under another batch key are skipped, not counted.
-    keep, gpu_order = new_rows(conn, ts, gpu_pk)
+    # Every field of a (GPU, ts) row once: a row whose fields were all stored under another
+    # batch key is skipped, not counted; one bringing fields a stored row lacks stores those
+    # fields as a supplement of that row (unique_rows, field_merge).
+    nr = new_rows(conn, ts, gpu_pk, vals)
+    keep, gpu_order, vals = nr.keep, nr.order, nr.vals
     stored = [preps[i].n for i in active]
-    if not keep.all():
+    if not nr.counted.all():
         ends = np.cumsum(stored)
-        stored = [int(keep[e - n:e].sum()) for e, n in zip(ends.tolist(), stored, strict=True)]
+        stored = [int(nr.counted[e - n:e].sum()) for e, n in zip(ends.tolist(), stored, strict=True)]
+    supp = None
+    if len(nr.supp):
+        supp = (ts[nr.supp], gpu_pk[nr.supp], nr.supp_job, nr.supp_vals)
+    if not keep.all():
         ts, gpu_pk, job_pk, vals = ts[keep], gpu_pk[keep], job_pk[keep], vals[:, keep]
         gpu_order = np.lexsort((ts, gpu_pk))
-    if len(ts):
+    if len(ts) or supp is not None:
         if is_postgres(conn):
-            retention.ensure_partitions_in(conn, retention.days_of(ts))
-        insert_samples(conn, ts, gpu_pk, job_pk, vals)
+            retention.ensure_partitions_in(conn, retention.days_of(ts if supp is None else np.r_[ts, supp[0]]))
+        insert_samples(conn, ts, gpu_pk, job_pk, vals, supplements=supp)
     # Rows by (GPU, time) (gpu_order): the GPU rollup and the allocation runs both walk it.
     if len(ts):
         _rollups(conn, ts, gpu_pk, job_pk, vals, gpu_order)
         fold_rows(conn, ts, gpu_pk, job_pk, vals)  # minute features the analysis reads
+    if supp is not None:  # after the new rows: a rollup row they create is one a supplement can meet
+        fold_supplements(conn, *supp, nr.stored_vals)
     allocations(conn, preps, active, cids, gids, jpks, ts, gpu_pk, job_pk, order=gpu_order, cache=cache, now=now)
 
     ctx = WriteContext(conn, now, cache, preps, active, cluster_pks, node_pks, gids, jpks, ts, gpu_pk, job_pk, vals)

@@ -10,7 +10,10 @@ to set beside the end-to-end ``run.py``.
 
 Run:  .venv/bin/python bench/ingest/write_path_micro.py [--pg-admin URL] [--windows 12]
 A/B:  put the tree before first on PYTHONPATH (docs/benchmarks.md, "the tree before, as an
-importable package") and run the same command; interleave the two."""
+importable package") and run the same command; interleave the two.
+--split: every batch as two, each with half of the catalog's fields (a remote-write sender's
+two shards), under two batch keys; the first halves of 50 batches are one group commit, their
+second halves the next (each row's second half meets the stored first: the supplement path)."""
 
 from __future__ import annotations
 
@@ -58,12 +61,35 @@ def _wal_lsn(c: object) -> int:
     return (int(hi, 16) << 32) + int(lo, 16)
 
 
+def _split(preps: list) -> list:  # type: ignore[type-arg]
+    """Each group of 50 batches as 50 first halves (fields 0..NF/2) then 50 second halves."""
+    import copy
+
+    out = []
+    for i in range(0, len(preps), 50):
+        grp = preps[i:i + 50]
+        for half in (0, 1):
+            for p in grp:
+                q = copy.copy(p)
+                q.batch = copy.copy(p.batch)
+                q.batch.agent = copy.copy(p.batch.agent)
+                q.batch.agent.boot_id = f"{p.batch.agent.boot_id}-{half}"
+                v = p.vals.copy()
+                mid = len(v) // 2
+                v[mid:] = np.nan if half == 0 else v[mid:]
+                v[:mid] = np.nan if half == 1 else v[:mid]
+                q.vals = v
+                out.append(q)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--windows", type=int, default=12, help="10-s windows per node (500 nodes, 8 GPUs each)")
     ap.add_argument("--skip-decode", action="store_true", help="only the write path")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of text")
+    ap.add_argument("--split", action="store_true", help="each batch's fields in two batches (two shards)")
     a = ap.parse_args()
     now = time.time()
     tpl = bench.Templates(500, now, windows=a.windows)
@@ -84,6 +110,8 @@ def main() -> int:
         out["check_us"] = us(lambda: check_batch(prep.batch, prep, now, max_rows=20_000, max_age_s=30 * 86400,
                                                  max_future_s=300, dims_checked=True))
     preps = [decode_prepared(b, protocol.MSGPACK) for b in bodies]
+    if a.split:
+        preps = _split(preps)
     with scratch_database(a.pg_admin, f"gpufleet_micro_{os.getpid()}") as url:
         upgrade(url)
         e = make_engine(url)

@@ -231,18 +231,24 @@ def test_a_gpu_held_by_another_node_is_a_4xx_naming_it_and_the_other_nodes_are_s
     e.dispose()
 
 
-def test_a_gpu_split_over_two_shards_is_counted_as_rows_already_stored(database_url, live_server) -> None:
-    """The write path keeps one sample per (GPU, ts): the second shard's fields of a row the first
-    shard stored are skipped. Counted, so the operator sees why (docs/prometheus.md, Sharding)."""
+def test_a_gpu_split_over_two_shards_stores_both_shards_fields(database_url, live_server) -> None:
+    """A sender's shards carry one GPU's series in separate requests: the second shard's field
+    of a row the first stored is stored too (one row, both fields); only a request bringing no
+    new field is counted as rows already stored (docs/prometheus.md, Sharding)."""
     srv = live_server(database_url)
     e = make_engine(database_url)
     gpu = {"UUID": "GPU-split", "gpu": "0", "Hostname": "node-s"}
     first = post(srv.url, body([({"__name__": "DCGM_FI_DEV_POWER_USAGE", **gpu}, [(T0, 300.0)])]))
     second = post(srv.url, body([({"__name__": "DCGM_FI_DEV_GPU_UTIL", **gpu}, [(T0, 50.0)])]))
     assert first.status_code == second.status_code == 200
-    assert first.json()["rows_already_stored"] == 0 and second.json()["rows_already_stored"] == 1
+    assert first.json()["rows_already_stored"] == 0 and second.json()["rows_already_stored"] == 0
+    assert second.json()["stored"] == 1
     assert stored(e) == {("GPU-split", T0 / 1000): 1}
-    assert stored_values(e, "gpu_util") == {("GPU-split", T0 / 1000): None}  # the second shard's field
+    assert stored_values(e, "gpu_util") == {("GPU-split", T0 / 1000): 0.5}  # the second shard's field
+    assert stored_values(e, "power_w") == {("GPU-split", T0 / 1000): 300}
+    again = post(srv.url, body([({"__name__": "DCGM_FI_DEV_GPU_UTIL", **gpu}, [(T0, 70.0)])]))
+    assert again.status_code == 200 and again.json()["rows_already_stored"] == 1  # nothing new: first wins
+    assert stored_values(e, "gpu_util") == {("GPU-split", T0 / 1000): 0.5}
     assert "gpufleet_remote_write_rows_already_stored_total 1.0" in httpx.get(srv.url + "/metrics").text
     e.dispose()
 
