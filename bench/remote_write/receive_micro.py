@@ -17,12 +17,18 @@ columnar scan and conversion, checks) over distinct bodies in send order, CPU ti
 the median of --repeat passes.
 
 Run:  .venv/bin/python bench/remote_write/receive_micro.py [--nodes 50] [--repeat 20] [--db URL]
+
+The in-process A/B (old and new code in one process, alternating; ``ab`` below):
+      git worktree add /tmp/rw-old HEAD~1
+      .venv/bin/python bench/remote_write/receive_micro.py --ab /tmp/rw-old [--repeat 9] [--db URL]
+(--db: a PostgreSQL server URL; each pass writes into a database of its own, created and dropped.)
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -272,10 +278,14 @@ def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, gr
             for bt, p in zip(c.batches, c.prepared, strict=True):
                 check_batch(bt, p, now, max_rows=20_000, max_age_s=30 * 86400.0, max_future_s=300.0)
         keep(who, "convert", (time.process_time() - t) / len(todo))
-        url = db
-        if url is None:
+        if db is None:
             url = f"sqlite:///{d / f'{who}{k}.db'}"
-            upgrade(url)
+        else:  # a database per pass: the same rows again would be skipped as already stored
+            url = f"{db.rsplit('/', 1)[0]}/rw_micro_{os.getpid()}_{who}{k}"
+            with admin.connect() as c:
+                c.exec_driver_sql(f"CREATE DATABASE rw_micro_{os.getpid()}_{who}{k}")
+            made.append(f"rw_micro_{os.getpid()}_{who}{k}")
+        upgrade(url)
         engine = make_engine(url)
         cache = WriteCache()
         with engine.begin() as conn:  # dimensions (cluster, nodes, GPUs) created once
@@ -287,10 +297,19 @@ def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, gr
         keep(who, "write", (time.process_time() - t) / (len(convs) - 1))
         engine.dispose()
 
-    with tempfile.TemporaryDirectory() as d:
-        for k in range(repeat):
-            for who in ("old", "new") if k % 2 == 0 else ("new", "old"):
-                one_pass(who, Path(d), k)
+    admin = make_engine(db, isolation_level="AUTOCOMMIT") if db is not None else None
+    made: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            for k in range(repeat):
+                for who in ("old", "new") if k % 2 == 0 else ("new", "old"):
+                    one_pass(who, Path(d), k)
+    finally:
+        if admin is not None:
+            with admin.connect() as c:
+                for name in made:
+                    c.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+            admin.dispose()
     print(f"{len(todo)} bodies of {rw_bench.SAMPLES_PER_SEND} samples ({nodes} nodes x 8 GPUs x "
           f"{len(rw_bench.DCGM_FIELDS)} fields, {windows} scrapes), CPU ms per body, fastest of {repeat} "
           f"alternating passes; write: {group} bodies per transaction on {'SQLite' if db is None else db}")

@@ -88,7 +88,7 @@ class Slots:
             self._reset()
         self._series_len = len(series)
         # map() with a default: the lookups run in C, ~10x cheaper than a generator per key
-        ids = np.array(list(map(self.of.get, keys, repeat(-1, len(keys)))), dtype=np.int64)
+        ids = np.fromiter(map(self.of.get, keys, repeat(-1, len(keys))), dtype=np.int64, count=len(keys))
         missing = np.flatnonzero(ids < 0)
         if len(missing):
             known = series.known
@@ -148,8 +148,10 @@ class Slots:
         self.rate = np.concatenate([self.rate, np.array(rate, dtype=bool)])
         self.has_job = np.concatenate([self.has_job, np.array(has_job, dtype=bool)])
         self.fb_name = np.concatenate([self.fb_name, np.array(fb, dtype=bool)])
-        self.uuid_rank = _ranks(self.uuids)
-        self.node_rank = _ranks(self.nodes)
+        if len(self.uuid_rank) != len(self.uuids):  # (a sort of every known name: only when one is new)
+            self.uuid_rank = _ranks(self.uuids)
+        if len(self.node_rank) != len(self.nodes):
+            self.node_rank = _ranks(self.nodes)
 
 
 def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates: RateState, *, cluster: str,
@@ -223,10 +225,11 @@ def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates
     pair = slots.node[m_ids] * max(len(slots.uuids), 1) + slots.gpu[m_ids]
     _, first_of_pair = np.unique(pair, return_index=True)
     gpus: dict[int, dict[str, dcgm.GpuIdentity]] = {}
-    for s in m_ids[np.sort(first_of_pair)].tolist():
+    first_ids = m_ids[np.sort(first_of_pair)]
+    for s, ncode in zip(first_ids.tolist(), slots.node[first_ids].tolist(), strict=True):
         m = slots.mapped[s]
         assert m is not None
-        gpus.setdefault(slots.node[s].item(), {}).setdefault(m.gpu.uuid, m.gpu)
+        gpus.setdefault(ncode, {}).setdefault(m.gpu.uuid, m.gpu)
     fb: dict[str, dict[str, float]] = {}
     fbi = np.flatnonzero(ok & slots.fb_name[ids] & ~bad)
     fb_key = slots.fb_key
