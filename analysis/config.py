@@ -131,6 +131,7 @@ def build_section(cls: type[C], d: Any) -> C:
 class Thresholds:
     raw: dict[str, Any]
     _typed: dict[type, Section] = field(default_factory=dict, compare=False, repr=False)
+    _models: dict[str | None, ModelLimits] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def general(self) -> General:
@@ -149,6 +150,14 @@ class Thresholds:
         return got  # type: ignore[return-value]  # the dict is keyed by the class it holds
 
     def model(self, device_name: str | None) -> ModelLimits:
+        """The limits of the first ``[models]`` entry named in ``device_name`` (else default),
+        looked up once per device name (every job asks; a fleet has a few models)."""
+        got = self._models.get(device_name)
+        if got is None:
+            got = self._models[device_name] = self._model(device_name)
+        return got
+
+    def _model(self, device_name: str | None) -> ModelLimits:
         models: dict[str, dict[str, float]] = self.raw["models"]
         chosen = models["default"]
         for match, spec in models.items():

@@ -59,8 +59,9 @@ def _rs(xs: Iterable[float | None], nd: int = 4) -> list[float | None]:
 
 def _weighted_mean(x: np.ndarray, n: np.ndarray) -> float | None:
     ok = ~np.isnan(x) & (n > 0)
-    w = n[ok].sum()
-    return float((x[ok] * n[ok]).sum() / w) if w > 0 else None
+    nk = n[ok]
+    w = nk.sum()
+    return float((x[ok] * nk).sum() / w) if w > 0 else None
 
 
 def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *,
@@ -149,7 +150,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
            "peak_tflops": _r(peak * g, 1) if peak else None, "peak_tflops_per_gpu": peak, "basis": MFU_BASIS}
 
     def gpu_means(names: tuple[str, ...], weight: np.ndarray) -> dict[str, list[float | None]]:
-        x = np.stack([feats.f[k] for k in names])  # one numpy pass for all of them
+        x = np.array([feats.f[k] for k in names])  # one numpy pass for all (np.array: np.stack's, ~3x faster)
         ok = ~np.isnan(x) & (weight > 0)
         w = np.where(ok, weight, 0.0).sum(axis=-1)
         m = np.where(ok, x * weight, 0.0).sum(axis=-1) / np.where(w > 0, w, 1.0)
@@ -158,7 +159,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
 
     # by samples, and the busy clock by busy samples: one pass, the weights side by side
     names = ("sm", "tensor", "dram", "occ", "power", "clock", "clock_busy")
-    cols = gpu_means(names, np.stack([*(n,) * (len(names) - 1), nz(feats.f["nb"])]))
+    cols = gpu_means(names, np.array([*(n,) * (len(names) - 1), nz(feats.f["nb"])]))
     fbm = feats.f["fb_used_max"]
     fb_max = [None if v != v else v for v in np.fmax.reduce(fbm, axis=1).tolist()] if fbm.shape[1] else [None] * g
     samples = (n.sum(axis=1) if n.size else np.zeros(g)).tolist()

@@ -117,7 +117,7 @@ class Coverage:
     clock: np.ndarray
     links: np.ndarray  # NVLink or InfiniBand throughput
     fb_total: np.ndarray
-    _present: dict[str, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _present: dict[str, dict[str, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, w: Windows) -> Coverage:
@@ -132,28 +132,35 @@ class Coverage:
         return cls(has("sm"), has("tensor"), has("dram"), has("gpu_util"), has("power"), has("clock"), links,
                    has("fb_total"))
 
+    def _counts(self) -> dict[str, int]:
+        """GPUs reporting each signal (``_COVERAGE_OF``'s names), all counted in one call: the
+        report, the detectors' checks and the confidence asked for them one reduction each."""
+        got = self._present.get("")
+        if got is None:
+            names = list(_COVERAGE_OF)
+            counts = np.array([getattr(self, _COVERAGE_OF[k]) for k in names]).sum(axis=1).tolist()
+            got = self._present[""] = dict(zip(names, counts, strict=True))
+        return got
+
     def has(self, signal: str) -> bool:
         """Any of the job's GPUs reported ``signal`` (the names detectors declare in SIGNALS;
         each detector asks before it runs: answered once per job)."""
-        got = self._present.get(signal)
-        if got is None:
-            got = self._present[signal] = bool(getattr(self, _COVERAGE_OF[signal]).any())
-        return got
+        got = self._present.get("")
+        return (got if got is not None else self._counts())[signal] > 0
 
     def as_json(self) -> dict[str, int]:
-        return {"n_gpus": len(self.profiling), "sm_active": int(self.profiling.sum()),
-                "tensor_active": int(self.tensor.sum()), "dram_active": int(self.dram.sum()),
-                "gpu_util": int(self.gpu_util.sum()), "power_w": int(self.power.sum()),
-                "sm_clock_mhz": int(self.clock.sum()), "links": int(self.links.sum()),
-                "fb_total_bytes": int(self.fb_total.sum())}
+        c = self._counts()
+        return {"n_gpus": len(self.profiling), "sm_active": c["sm_active"], "tensor_active": c["tensor_active"],
+                "dram_active": c["dram_active"], "gpu_util": c["gpu_util"], "power_w": c["power_w"],
+                "sm_clock_mhz": c["sm_clock_mhz"], "links": c["links"], "fb_total_bytes": c["fb_total_bytes"]}
 
     def note(self) -> str | None:
         """What the verdicts rest on when profiling metrics are missing (None when all have them)."""
         g = len(self.profiling)
-        missing = int(g - self.profiling.sum())
+        missing = g - self._counts()["sm_active"]
         if g == 0 or missing == 0:
             return None
-        basis = [name for name, have in (("gpu_util", self.gpu_util), ("power", self.power)) if have.any()]
+        basis = [name for name, signal in (("gpu_util", "gpu_util"), ("power", "power_w")) if self.has(signal)]
         judged = f"judged from {' and '.join(basis)}" if basis else "no activity signal: not judged"
         return f"profiling metrics missing on {missing}/{g} GPUs: {judged}"
 
@@ -227,7 +234,7 @@ class JobView:
             self._medians[id(todo[0])] = (todo[0], masked_median(todo[0], self.active))
         elif todo:
             k = todo[0].shape[1]
-            big = masked_median(np.concatenate(todo, axis=1), np.tile(self.active, len(todo)))
+            big = masked_median(np.concatenate(todo, axis=1), np.concatenate([self.active] * len(todo), axis=1))
             for i, x in enumerate(todo):
                 self._medians[id(x)] = (x, big[i * k:(i + 1) * k])
         return [self._medians[id(x)][1] for x in xs]
@@ -312,9 +319,8 @@ def confidence(job: JobView, em: np.ndarray) -> tuple[str, list[str]]:
     cov = job.coverage
     from_util = float((job.from_util & judged).sum()) / n
     basis = ["gpu_util"] if from_util > 0.5 else ["sm_active"]
-    basis += [name for name, have in (("gpu_util", cov.gpu_util), ("tensor_active", cov.tensor),
-                                      ("dram_active", cov.dram), ("power_w", cov.power), ("sm_clock_mhz", cov.clock),
-                                      ("links", cov.links)) if have.any() and name not in basis]
+    basis += [name for name in ("gpu_util", "tensor_active", "dram_active", "power_w", "sm_clock_mhz", "links")
+              if cov.has(name) and name not in basis]
     gpus_judged = int(judged.any(axis=1).sum())
     if gpus_judged * 2 < job.n_gpus:
         return "low", basis

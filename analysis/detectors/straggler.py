@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import ClassVar
 
 import numpy as np
@@ -32,15 +33,18 @@ class Config(KindConfig):
     node_share_min: float  # this share of a node's GPUs deviating makes it a node-level straggler
 
 
-def _ref_mad(xs: tuple[np.ndarray, ...], peers: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each (G, K) ``x``'s peer median and scaled MAD per window, all of them in one call (side
-    by side as columns: a median is per column, so this is each one's arithmetic)."""
+def _ref_mad(xs: list[np.ndarray], peers: list[np.ndarray],
+             plain: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each (G, C) ``xs[i]``'s median over ``peers[i]`` per column, and for all but the last
+    ``plain`` of them the scaled MAD too: all in two calls (side by side as columns: a median
+    is per column, so this is each one's arithmetic)."""
     x = np.concatenate(xs, axis=1)
-    p = np.tile(peers, len(xs))
+    p = np.concatenate(peers, axis=1)
     ref = masked_median(x, p)
-    mad = nz(1.4826 * masked_median(np.abs(x - ref[None, :]), p))
-    k = xs[0].shape[1]
-    return [(ref[i * k:(i + 1) * k], mad[i * k:(i + 1) * k]) for i in range(len(xs))]
+    spans = list(pairwise(np.cumsum([0, *(a.shape[1] for a in xs)]).tolist()))
+    c = spans[len(xs) - plain - 1][1]
+    mad = nz(1.4826 * masked_median(np.abs(x[:, :c] - ref[None, :c]), p[:, :c]))
+    return [ref[a:b] for a, b in spans], [mad[a:b] for a, b in spans[:len(xs) - plain]]
 
 
 @dataclass
@@ -104,29 +108,36 @@ def _deviants(job: JobView, cfg: Config) -> list[Deviant]:
         d = sign * (x - ref)
         return nz(d) >= np.maximum(z * mad, np.maximum(rel * np.abs(ref), floor))
 
-    # GPU level: against the median of all active GPUs.
-    (ref_c, mad_c), (ref_s, mad_s) = _ref_mad((clock, sm), act)
-    slow_clock = act & deviates(clock, ref_c[None, :], mad_c[None, :], -1.0, 20.0)
-    busier = act & deviates(sm, ref_s[None, :], mad_s[None, :], +1.0, 0.05)
-    gpu_dev = slow_clock | busier
-    # Node level: each node against the GPUs of the other nodes (half a job on one slow
-    # node moves the overall median, the leave-node-out reference does not).
+    # GPU level: against the median of all active GPUs. Node level: each node against the GPUs
+    # of the other nodes (half a job on one slow node moves the overall median, the
+    # leave-node-out reference does not), every node's (K,) medians at once: the nodes' masks
+    # side by side as columns of one (G, N*K) problem (a median is per column, so this is the
+    # per-node loop's arithmetic), in the same two median calls as the GPU level's.
     nodes = np.asarray(job.ctx.gpu_nodes)
     node_names = list(dict.fromkeys(job.ctx.gpu_nodes))
     node_dev: dict[str, np.ndarray] = {}
+    xs_: list[np.ndarray] = [clock, sm]
+    peers_: list[np.ndarray] = [act, act]
+    k = act.shape[1]
     if len(node_names) >= 2:
-        # Every node's (K,) medians in one call: the nodes' masks side by side as columns of one
-        # (G, N*K) problem (a median is per column, so this is the per-node loop's arithmetic).
-        k = act.shape[1]
         in_node = np.stack([nodes == nd for nd in node_names], axis=1)  # (G, N)
-        mine = np.repeat(in_node, k, axis=1) & np.tile(act, len(node_names))  # (G, N*K)
-        others = np.repeat(~in_node, k, axis=1) & np.tile(act, len(node_names))
-        clock_n, sm_n = np.tile(clock, len(node_names)), np.tile(sm, len(node_names))
-        (oc, mc), (os_, ms) = _ref_mad((clock_n, sm_n), others)
-        xcs = masked_median(np.concatenate((clock_n, sm_n), axis=1), np.tile(mine, 2))
-        xc, xs = xcs[:len(node_names) * k], xcs[len(node_names) * k:]
+        act_n = np.concatenate([act] * len(node_names), axis=1)  # (np.tile's, without its Python layers)
+        mine = np.repeat(in_node, k, axis=1) & act_n  # (G, N*K)
+        others = np.repeat(~in_node, k, axis=1) & act_n
+        clock_n = np.concatenate([clock] * len(node_names), axis=1)
+        sm_n = np.concatenate([sm] * len(node_names), axis=1)
+        # against the others (median and MAD), and each node's own median (plain)
+        xs_ += [clock_n, sm_n, clock_n, sm_n]
+        peers_ += [others, others, mine, mine]
+    refs, mads = _ref_mad(xs_, peers_, plain=2 if len(node_names) >= 2 else 0)
+    slow_clock = act & deviates(clock, refs[0][None, :], mads[0][None, :], -1.0, 20.0)
+    busier = act & deviates(sm, refs[1][None, :], mads[1][None, :], +1.0, 0.05)
+    gpu_dev = slow_clock | busier
+    if len(node_names) >= 2:
+        oc, os_, xc, xs = refs[2:]
+        mc, ms = mads[2:]
         dev = deviates(xc, oc, mc, -1.0, 20.0) | deviates(xs, os_, ms, +1.0, 0.05)
-        frac = share(np.tile(gpu_dev, len(node_names)), mine)
+        frac = share(np.concatenate([gpu_dev] * len(node_names), axis=1), mine)
         n_mine = mine.sum(axis=0)
         node_ok = (n_mine >= 2) & (dev | (frac >= cfg.node_share_min)) & (n_mine > 0)
         for j, nd in enumerate(node_names):
@@ -140,12 +151,13 @@ def _deviants(job: JobView, cfg: Config) -> list[Deviant]:
         rows = nodes == nd
         scopes.append((nd, m, rows))
         covered |= rows[:, None] & m[None, :]
-    for i, uuid in enumerate(job.ctx.gpu_uuids):
-        m = gpu_dev[i] & ~covered[i]
-        if m.any():
-            rows = np.zeros(len(nodes), dtype=bool)
-            rows[i] = True
-            scopes.append((uuid, m, rows))
+    alone = gpu_dev & ~covered
+    # (the GPUs with a window of their own found in one call: two numpy calls per GPU added up
+    # to a fifth of a 32-GPU job's straggler check)
+    for i in np.flatnonzero(alone.any(axis=1)).tolist():
+        rows = np.zeros(len(nodes), dtype=bool)
+        rows[i] = True
+        scopes.append((job.ctx.gpu_uuids[i], alone[i], rows))
     out: list[Deviant] = []
     for scope, m, rows in scopes:
         slow_rows = rows[:, None] & act

@@ -1,7 +1,9 @@
 """The analysis' fast replacements for numpy calls give numpy's answers bit for bit (reports must
 not change when the analysis gets cheaper): nz / nz_lt / nz_ge for nan_to_num, median1d for
-np.median, workload._percentile for np.percentile, hist_quantiles for hist_quantile, the
-JobView's cached medians for masked_median, and from_states' reshape for its scatter."""
+np.median, workload._percentile for np.percentile, hist_quantiles for hist_quantile (and its
+integer path for numpy's), window_sum / window_fmax for a reshaped axis' reductions, Coverage's
+counts taken at once, the JobView's cached medians for masked_median, and from_states' reshape
+for its scatter."""
 
 from __future__ import annotations
 
@@ -9,9 +11,19 @@ import numpy as np
 import pytest
 
 from gpufleet.analysis.config import load_thresholds
-from gpufleet.analysis.detectors.base import CounterMinutes, JobContext, JobView, MinuteSignals
-from gpufleet.analysis.features import READ_COLUMNS, from_states, hist_quantile, hist_quantiles
-from gpufleet.analysis.windows import build_windows, masked_median, median1d, nz, nz_ge, nz_lt
+from gpufleet.analysis.detectors.base import _COVERAGE_OF, CounterMinutes, Coverage, JobContext, JobView, MinuteSignals
+from gpufleet.analysis.features import READ_COLUMNS, _hist_quantiles_np, from_states, hist_quantile, hist_quantiles
+from gpufleet.analysis.windows import (
+    _reshape,
+    build_windows,
+    masked_median,
+    median1d,
+    nz,
+    nz_ge,
+    nz_lt,
+    window_fmax,
+    window_sum,
+)
 from gpufleet.analysis.workload import _percentile
 from gpufleet.storage.minute_features import fold
 
@@ -115,3 +127,59 @@ def test_from_states_reshape_is_its_scatter(g: int) -> None:
     for k in fast.f:
         assert _same(fast.f[k], slow.f[k]), k
         assert fast.f[k].flags.c_contiguous
+
+
+@pytest.mark.parametrize("w", [1, 2, 5, 7, 8, 12])
+def test_window_reductions_are_numpys(w: int) -> None:
+    """window_sum / window_fmax (adds and fmax of a window's minutes side by side) give the
+    reshaped axis' sum / fmax.reduce bit for bit: NaN, infinities, -0.0 and a padded last window."""
+    for m in (1, w, 3 * w, 3 * w + 1, 61):
+        for _ in range(20):
+            x = _messy((4, 3, m))
+            x[RNG.random(x.shape) < 0.1] = -0.0
+            with np.errstate(invalid="ignore"):  # (inf + -inf: both warn)
+                assert _same(window_sum(x, w), _reshape(x, w, 0.0).sum(axis=-1))
+            z = np.where(RNG.random(x.shape) < 0.5, -0.0, 0.0)  # all-zero windows keep sum's sign of zero
+            assert _same(window_sum(z, w), _reshape(z, w, 0.0).sum(axis=-1))
+            assert np.array_equal(np.signbit(window_sum(z, w)), np.signbit(_reshape(z, w, 0.0).sum(axis=-1)))
+            y = np.abs(x)  # (fmax of numbers is exact whatever the order; the sign of a zero tie is not asked)
+            assert _same(window_fmax(y, w), np.fmax.reduce(_reshape(y, w, np.nan), axis=-1))
+
+
+def test_int_hist_quantiles_are_numpys() -> None:
+    """The integer-bins path (Python ints, bisect) answers what numpy's running sum does."""
+    qs = (0.5, 0.95, 0.0, 1.0, 0.01)
+    for k in range(3000):
+        h = RNG.integers(0, (1, 5, 1000, 10**12)[k % 4], 100)
+        if k % 5 == 0:
+            h[: int(RNG.integers(0, 100))] = 0
+        if k % 7 == 0:
+            h[:] = 0
+            h[int(RNG.integers(0, 100))] = int(RNG.integers(0, 3))
+        assert hist_quantiles(h, qs) == _hist_quantiles_np(h, qs)
+        assert hist_quantiles(h.astype(np.float64), qs) == _hist_quantiles_np(h, qs)
+    neg = RNG.integers(-5, 50, 100)
+    assert hist_quantiles(neg, qs) == _hist_quantiles_np(neg, qs)  # (not counts: numpy's path)
+    assert hist_quantiles(np.zeros(0, dtype=np.int64), qs) == [None] * len(qs)
+
+
+def test_coverage_counts_are_per_signal_sums() -> None:
+    th = load_thresholds()
+    for g in (1, 3, 8):
+        feats = from_states(_states(g, 30, drop=0.3), list(range(g)))
+        for name in ("sm", "gpu_util", "power"):
+            feats.f[name][RNG.random(feats.f[name].shape) < 0.5] = np.nan
+        w = build_windows(feats, th.general.window_s, th.general.min_window_coverage)
+        cov = Coverage.of(w)
+        js = cov.as_json()
+        for signal, attr in _COVERAGE_OF.items():
+            assert js[signal] == int(getattr(cov, attr).sum())
+            assert cov.has(signal) == bool(getattr(cov, attr).any())
+
+
+def test_model_limits_looked_up_once_per_name() -> None:
+    th = load_thresholds()
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla T4", None):
+        got = th.model(name)
+        assert got == th._model(name) and th.model(name) is got
+    assert th.model("NVIDIA A100-SXM4-80GB") != th.model("NVIDIA H100 80GB HBM3")  # (each name its own entry)
