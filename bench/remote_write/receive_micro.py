@@ -255,15 +255,12 @@ def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, gr
             c = rec._parse(b, "bench", limit)
             assert not isinstance(c, tuple), c
             rec.rates.commit(c.rate_updates)
-        convs = []
         t = time.process_time()
-        for b in todo:
+        for b in todo:  # (not kept: 66 conversions alive at once would time the GC, not the receiver)
             c = rec._parse(b, "bench", limit)
             rec.rates.commit(c.rate_updates)
-            convs.append(c)
+            assert c.columnar, "the bench's bodies should take the columnar path"
         keep(who, "_parse", (time.process_time() - t) / len(todo))
-        assert all(c.columnar for c in convs), "the bench's bodies should take the columnar path"
-        shape[who] = (sum(len(c.prepared) for c in convs), sum(p.n for c in convs for p in c.prepared))
         # the split, on the same bodies and warm state (the answers are the same: rates do not move)
         raws = []
         t = time.process_time()
@@ -271,13 +268,17 @@ def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, gr
             raw = pkg.wire.unsnappy(b, max_size=limit)
             raws.append((raw, pkg.wire.scan_single_samples(raw, None)))
         keep(who, "parse", (time.process_time() - t) / len(todo))
+        convs = []
         t = time.process_time()
-        for _raw, cols in raws:
-            c = pkg.columnar.convert_columnar(cols, rec.series, rec.slots, rec.rates, cluster="bench", digest="d",
-                                              now=now, max_age_s=30 * 86400.0, max_future_s=300.0, max_rows=20_000)
+        for i, (_raw, cols) in enumerate(raws):
+            c = pkg.columnar.convert_columnar(cols, rec.series, rec.slots, rec.rates, cluster="bench",
+                                              digest=f"d{k}-{i}", now=now, max_age_s=30 * 86400.0,
+                                              max_future_s=300.0, max_rows=20_000)
             for bt, p in zip(c.batches, c.prepared, strict=True):
                 check_batch(bt, p, now, max_rows=20_000, max_age_s=30 * 86400.0, max_future_s=300.0)
+            convs.append(c)
         keep(who, "convert", (time.process_time() - t) / len(todo))
+        shape[who] = (sum(len(c.prepared) for c in convs), sum(p.n for c in convs for p in c.prepared))
         if db is None:
             url = f"sqlite:///{d / f'{who}{k}.db'}"
         else:  # a database per pass: the same rows again would be skipped as already stored
