@@ -57,8 +57,8 @@ def _rs(xs: Iterable[float | None], nd: int = 4) -> list[float | None]:
     return [round(v, nd) if v is not None and math.isfinite(v) else None for v in xs]
 
 
-def _weighted_mean(x: np.ndarray, n: np.ndarray) -> float | None:
-    ok = ~np.isnan(x) & (n > 0)
+def _weighted_mean(x: np.ndarray, n: np.ndarray, n_pos: np.ndarray | None = None) -> float | None:
+    ok = ~np.isnan(x) & (n > 0 if n_pos is None else n_pos)
     nk = n[ok]
     w = nk.sum()
     return float((x[ok] * nk).sum() / w) if w > 0 else None
@@ -105,10 +105,12 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
 
     n = feats.n
     stats: dict[str, dict[str, float | None]] = {}
+    n_pos = n > 0  # (every field's mean asks)
     for name, feat in HIST_FIELDS.items():
         h = hist.get(name)
         p50, p95 = hist_quantiles(h, (0.5, 0.95)) if h is not None else (None, None)
-        stats[name] = {"mean": _r(_weighted_mean(feats.f[feat], n)) if n.size else None, "p50": p50, "p95": p95}
+        stats[name] = {"mean": _r(_weighted_mean(feats.f[feat], n, n_pos)) if n.size else None, "p50": p50,
+                       "p95": p95}
 
     # Active GPU-hours: the allocated time scaled by the share of observed GPU time not idle.
     active_share = None

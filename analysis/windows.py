@@ -148,7 +148,7 @@ def nz(x: np.ndarray | float, nan: float = 0.0) -> np.ndarray:
     if x.dtype.kind != "f":
         return x.copy()
     y = np.where(np.isnan(x), nan, x)
-    return np.nan_to_num(y) if np.isinf(y).any() else y
+    return np.nan_to_num(y) if np.logical_or.reduce(np.isinf(y), axis=None) else y  # (.any()'s, unwrapped)
 
 
 # Window means weighted by samples, and by busy samples (the "while busy" features).
@@ -167,7 +167,7 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -
     # per element as a call per weight: two calls were ~20 numpy calls more per job). Features
     # are stacked with np.array (np.stack's result, at a third of its cost for a job's arrays).
     ns = len(BY_SAMPLES)
-    weights = np.concatenate([np.broadcast_to(n, (ns, *n.shape)), np.broadcast_to(nb, (len(BY_BUSY), *n.shape))])
+    weights = np.array([n] * ns + [nb] * len(BY_BUSY))  # (np.broadcast_to's Python layers cost more than the copy)
     means = wmean(np.array([f[name] for name in (*BY_SAMPLES, *BY_BUSY)]), weights, w)
     by_samples = means[:ns]
     out.update(zip((*BY_SAMPLES, *BY_BUSY), means, strict=True))
@@ -199,7 +199,7 @@ def masked_median(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
     if x.shape[0] == 1:  # one GPU: its own value ((a + a) / 2 == a, as below)
         return v[0]
     s = np.sort(v, axis=0)  # NaN sorts last
-    n = s.shape[0] - np.isnan(s).sum(axis=0)
+    n = s.shape[0] - np.add.reduce(np.isnan(s), axis=0)  # (.sum(axis=0)'s count, unwrapped)
     cols = np.arange(s.shape[1])
     a = s[np.maximum(n - 1, 0) // 2, cols]
     b = s[np.minimum(n // 2, s.shape[0] - 1), cols]
