@@ -135,6 +135,9 @@ class Exporter:
             self._cv.notify_all()
         for t in self._threads:
             t.join(timeout)
+        if self._threads[0].is_alive():  # never silently: these rows die with the process
+            log.error("export: the encoder is still busy after %.0f s at stop: at least %d rows are not exported",
+                      timeout, self._pending_rows)
         self.spool.close()
         self.poster.close()
 
