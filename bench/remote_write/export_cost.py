@@ -24,6 +24,7 @@ min of --repeat. With ``--ref DIR`` (an older tree importable as ``gpufleet``, d
 the old and the new code run alternately in child processes, A/B in the same run.
 
 Run:  .venv/bin/python bench/remote_write/export_cost.py [--repeat 3] [--receivers sink,vm]
+      .venv/bin/python bench/remote_write/export_cost.py --repeat 4 --tree /tmp/new --ref /tmp/old   # A/B: <rx>@ref
       .venv/bin/python bench/remote_write/export_cost.py --micro --repeat 7 [--ref /tmp/old]
 """
 
@@ -144,18 +145,25 @@ def vm_cpu_s(port: int) -> float:
 # --- one ingest run ----------------------------------------------------------------------
 
 def ingest(mode: str, url: str, tools: dict[str, Any], proto: Path, tpl: Any, args: Any, tmp: Path,
-           rx_port: int | None) -> dict[str, Any]:
-    """Warm-up, a measured `wrk` run, then (export on) wait for the queue to drain at the receiver."""
+           rx_port: int | None, tree: Path | None = None) -> dict[str, Any]:
+    """Warm-up, a measured `wrk` run, then (export on) wait until every sample the exporter was
+    offered has arrived at the receiver (or --drain-s passed: then what is missing is reported,
+    not rounded away as the 98% this waited for before did). ``tree``: an older checkout
+    importable as gpufleet, run as the collector."""
     from gpufleet.catalog import CATALOG
     from gpufleet.storage.migrate import upgrade
 
     upgrade(url)
     env = {"GPUFLEET_EXPORT_URL": f"http://127.0.0.1:{rx_port}/api/v1/write" if rx_port else "",
            "GPUFLEET_EXPORT_QUEUE_DIR": tempfile.mkdtemp(prefix="xq-", dir=tmp)}
-    rx_cpu = (lambda: sink_stats(rx_port)["cpu_s"]) if mode == "sink" else \
-        (lambda: vm_cpu_s(rx_port)) if mode == "vm" else (lambda: 0.0)  # type: ignore[arg-type]
+    if tree:  # first on sys.path; the bench runs from a directory without a gpufleet/ of its own
+        env["PYTHONPATH"] = str(tree)
+    rx_cpu = (lambda: sink_stats(rx_port)["cpu_s"]) if mode.startswith("sink") else \
+        (lambda: vm_cpu_s(rx_port)) if mode.startswith("vm") else (lambda: 0.0)  # type: ignore[arg-type]
+    count = (lambda: sink_stats(rx_port)["samples"]) if mode.startswith("sink") else (lambda: vm_samples(rx_port))
     with mock.patch.dict(os.environ, env), _ib.collector(url, args.workers, tmp) as (port, sid):
         _ib.log(f"{mode}: warm-up")
+        arrived0 = count() if rx_port else 0  # what the receiver held before this run (0: its own)
         w0 = _ib.run_wrk(tools["wrk"], port, proto, "/api/v1/ingest", "application/msgpack", conns=args.conns,
                          seconds=args.warmup, threads=args.wrk_threads, placeholder=_ib.PLACEHOLDER)
         _ib.log(f"{mode}: measuring {args.duration:.0f} s")
@@ -163,26 +171,36 @@ def ingest(mode: str, url: str, tools: dict[str, Any], proto: Path, tpl: Any, ar
         w = _ib.run_wrk(tools["wrk"], port, proto, "/api/v1/ingest", "application/msgpack", conns=args.conns,
                         seconds=args.duration, threads=args.wrk_threads, placeholder=_ib.PLACEHOLDER)
         cpu, rx = _ib.session_cpu_s(sid) - cpu0, rx_cpu() - rx0
-        # every request's key is distinct: each 200 is a newly stored batch (warm-up included)
-        acked = (int(w0["status"].get("200", 0)) + int(w["status"].get("200", 0))) * tpl.rows_per_batch
-        want = acked * len(CATALOG.names)
+        # What must arrive: every field of every row of every 200 (warm-up included). Not the
+        # database's count: the template bodies repeat within a run (a run posts far more
+        # requests than there are bodies), a repeat is answered stored=0 under its new key, and
+        # the writer still offers it to the exporter (collector/writer.py: only same-key
+        # duplicates are left out), so its rows are exported again. A request still in flight
+        # when wrk stops is stored and exported but not counted: arrived >= offered.
+        stored = _ib.count_rows(url)
+        ok_all = int(w0["status"].get("200", 0)) + int(w["status"].get("200", 0))
+        want = ok_all * tpl.rows_per_batch * len(CATALOG.names)
         arrived: float | None = None
         drain_s = None
         if rx_port:
-            t0, deadline = time.time(), time.time() + 120
-            while time.time() < deadline:
-                arrived = sink_stats(rx_port)["samples"] if mode == "sink" else vm_samples(rx_port)
-                if arrived >= want * 0.98:
+            t0, deadline = time.time(), time.time() + args.drain_s
+            while True:
+                arrived = count() - arrived0
+                if arrived >= want:
                     drain_s = time.time() - t0
                     break
-                time.sleep(1)
-        stored = _ib.count_rows(url)
+                if time.time() > deadline:
+                    _ib.log(f"{mode}: {want - arrived:,.0f} of {want:,} offered samples not at the receiver after "
+                            f"{args.drain_s:.0f} s")
+                    break
+                time.sleep(0.5)
     ok = int(w["status"].get("200", 0))
     elapsed = w["duration_us"] / 1e6
     return {"mode": mode, "requests_ok": ok, "rows_s": ok * tpl.rows_per_batch / elapsed, "db_rows": stored,
+            "stored_rows_w": w.get("stored_rows"), "stored_samples": stored * len(CATALOG.names),
             "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3, "cpu_ms_per_req": 1e3 * cpu / max(ok, 1),
             "receiver_cpu_ms_per_req": 1e3 * rx / max(ok, 1), "arrived_samples": arrived,
-            "stored_field_samples": want, "drain_s": drain_s}
+            "offered_samples": want, "drain_s": drain_s}
 
 
 def loadavg() -> str:
@@ -203,17 +221,26 @@ def main_ingest(args: Any) -> int:
     proto = tmp / "proto.bin"
     tpl.write_protocol(proto)
     modes = ["off", *receivers]
+    trees: dict[str, Path | None] = {m: args.tree.resolve() if args.tree else None for m in modes}
+    if args.tree and not args.ref:
+        os.chdir(tmp)
+    if args.ref:  # the same receivers with the older tree's collector, A/B in the same round
+        os.chdir(tmp)  # `python -m gpufleet.cli` puts the cwd first: not the checkout's gpufleet/
+        for m in receivers:
+            trees[f"{m}@ref"] = args.ref.resolve()
+        receivers = [*receivers, *(f"{m}@ref" for m in receivers)]
+        modes = ["off", *receivers]
     for k in range(args.repeat):
         r: dict[str, Any] = {"load": loadavg()}
         for mode in modes[k % len(modes):] + modes[:k % len(modes)]:  # rotated: no side always runs first
             with contextlib.ExitStack() as st:
                 port = None
-                if mode == "sink":
+                if mode.startswith("sink"):
                     port = st.enter_context(sink(tmp, args.decode_every))
-                elif mode == "vm":
+                elif mode.startswith("vm"):
                     port = st.enter_context(_ib.victoria(tools["victoria-metrics"], tmp))
-                url = st.enter_context(_ib.throwaway_db(args.pg_admin, f"x{mode}{k}"))
-                r[mode] = ingest(mode, url, tools, proto, tpl, args, tmp, port)
+                url = st.enter_context(_ib.throwaway_db(args.pg_admin, f"x{mode.replace('@', '_')}{k}"))
+                r[mode] = ingest(mode, url, tools, proto, tpl, args, tmp, port, trees[mode])
         for m in receivers:
             r[f"ratio_{m}"] = ratio(r[m]["rows_s"], r["off"]["rows_s"])
         res["rounds"].append(r)
@@ -231,7 +258,7 @@ def report(res: dict[str, Any], receivers: list[str]) -> None:
           f"workers, {a['duration']:.0f} s runs, load average {res['load'][0]} -> {res['load'][-1]})\n")
     print("| round | load | export off rows/s | " + " | ".join(f"on ({m}) rows/s | ratio" for m in receivers)
           + " | collector CPU ms/req off / " + " / ".join(receivers) + " | receiver CPU ms/req "
-          + " / ".join(receivers) + " | arrived / stored samples " + " / ".join(receivers) + " |")
+          + " / ".join(receivers) + " | arrived / offered samples " + " / ".join(receivers) + " |")
     print("|---" * (4 + 2 * len(receivers) + 2) + "|")
     for i, r in enumerate(res["rounds"], 1):
         cells = [str(i), r["load"], f"{r['off']['rows_s']:,.0f}"]
@@ -239,7 +266,7 @@ def report(res: dict[str, Any], receivers: list[str]) -> None:
             cells += [f"{r[m]['rows_s']:,.0f}", f"{r[f'ratio_{m}']:.3f}"]
         cells.append(" / ".join(f"{r[m]['cpu_ms_per_req']:.2f}" for m in ["off", *receivers]))
         cells.append(" / ".join(f"{r[m]['receiver_cpu_ms_per_req']:.2f}" for m in receivers))
-        cells.append(" ; ".join(f"{(r[m]['arrived_samples'] or 0):,.0f} / {r[m]['stored_field_samples']:,}"
+        cells.append(" ; ".join(f"{(r[m]['arrived_samples'] or 0):,.0f} / {r[m]['offered_samples']:,}"
                                 for m in receivers))
         print("| " + " | ".join(cells) + " |")
     for m in receivers:
@@ -252,6 +279,11 @@ def report(res: dict[str, Any], receivers: list[str]) -> None:
             print(f"\nexport on ({m}): median ingest ratio {statistics.median(xs):.3f} "
                   f"({100 * (1 - statistics.median(xs)):.1f}% lost), median collector CPU per request on/off "
                   f"{statistics.median(cpu):.3f} ({statistics.median(per):+.3f} us per exported sample)")
+    for m in receivers:
+        short = [(i, r[m]["offered_samples"] - (r[m]["arrived_samples"] or 0)) for i, r in enumerate(res["rounds"], 1)
+                 if (r[m]["arrived_samples"] or 0) < r[m]["offered_samples"]]
+        print(f"- {m}: every offered sample arrived in every round" if not short else
+              f"- {m}: MISSING at the receiver (round, samples): {short}")
     last = res["rounds"][-1]
     for m in ["off", *receivers]:
         x = last[m]
@@ -293,7 +325,7 @@ def micro_child(args: Any) -> None:
 
 def main_micro(args: Any) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-exportmicro-"))
-    trees = [("new", None)] + ([("ref", args.ref)] if args.ref else [])
+    trees = [("new", args.tree)] + ([("ref", args.ref)] if args.ref else [])
     got: dict[str, list[float]] = {n: [] for n, _ in trees}
     load0 = loadavg()
     with sink(tmp, args.decode_every) as port:
@@ -335,7 +367,14 @@ def main() -> int:
     ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--micro", action="store_true", help="the export path alone, in-process (see above)")
-    ap.add_argument("--ref", type=Path, default=None, help="--micro: an older tree importable as gpufleet")
+    ap.add_argument("--ref", type=Path, default=None,
+                    help="an older tree importable as gpufleet: --micro runs its exporter, the ingest rounds its "
+                         "collector too (modes <receiver>@ref)")
+    ap.add_argument("--tree", type=Path, default=None,
+                    help="the tree (importable as gpufleet) measured as new: the ingest rounds' collector "
+                         "(plain modes), --micro's exporter; default the checkout (and whatever else is "
+                         "uncommitted in it)")
+    ap.add_argument("--drain-s", type=float, default=120.0, help="most seconds to wait for every sample to arrive")
     ap.add_argument("--group", type=int, default=4, help="--micro: batches per group commit")
     ap.add_argument("--inner", type=int, default=3, help="--micro: runs per child process")
     ap.add_argument("--serve-sink", type=int, default=None, help=argparse.SUPPRESS)
