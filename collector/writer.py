@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 from sqlalchemy import Engine
 
 from gpufleet.collector.errors import from_refusal
@@ -184,8 +185,7 @@ class GroupWriter:
             _resolve_all(pending, res.results)
             if self.on_commit is not None:  # after the acks: a hook never delays them
                 try:
-                    self.on_commit([it.prep for it, r in zip(pending, res.results, strict=True)
-                                    if not r.duplicate])
+                    self.on_commit(stored_rows(pending, res.results))
                 except Exception:
                     log.exception("writer on_commit hook failed")
             return
@@ -199,6 +199,24 @@ class GroupWriter:
             days |= retention.days_of(p.ts)
         if days:
             retention.ensure_partitions(self.engine, days)
+
+
+def stored_rows(items: list[_Item], results: list[BatchResult]) -> list[Prepared]:
+    """The rows a commit stored, per batch: what the export forwards. A duplicate batch, and
+    the rows of a batch that were copies of stored ones (a replay under another key, a
+    re-sent remote-write body), were sent downstream when first stored, not again."""
+    out: list[Prepared] = []
+    for it, r in zip(items, results, strict=True):
+        if r.duplicate or not r.stored:
+            continue
+        p = it.prep
+        if r.new_rows is None:
+            out.append(p)
+            continue
+        idx = np.flatnonzero(r.new_rows)
+        out.append(Prepared(p.batch, p.ts[idx], [p.gpu[i] for i in idx.tolist()], [p.job[i] for i in idx.tolist()],
+                            p.vals[:, idx], p.columns))
+    return out
 
 
 def _resolve(it: _Item, *, result: BatchResult | None = None, exc: BaseException | None = None) -> None:

@@ -36,6 +36,10 @@ class Prepared:
 class BatchResult:
     stored: int
     duplicate: bool
+    # Which of the batch's rows brought a field not stored before (``stored`` of them), when
+    # not all did: the rest were copies under another batch key. None = every row (the usual
+    # case). What the export forwards, so a repeated row is not sent downstream again.
+    new_rows: np.ndarray | None = None
 
 
 @dataclass(slots=True)

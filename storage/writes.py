@@ -124,9 +124,12 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     nr = new_rows(conn, ts, gpu_pk, vals)
     keep, gpu_order, vals = nr.keep, nr.order, nr.vals
     stored = [preps[i].n for i in active]
+    new_of: list[np.ndarray | None] = [None] * len(active)
     if not nr.counted.all():
         ends = np.cumsum(stored)
-        stored = [int(nr.counted[e - n:e].sum()) for e, n in zip(ends.tolist(), stored, strict=True)]
+        masks = [nr.counted[e - n:e] for e, n in zip(ends.tolist(), stored, strict=True)]
+        stored = [int(m.sum()) for m in masks]
+        new_of = [None if m.all() else m for m in masks]
     supp = None
     if len(nr.supp):
         supp = (ts[nr.supp], gpu_pk[nr.supp], nr.supp_job, nr.supp_vals)
@@ -149,8 +152,8 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     for section in sections:
         section(ctx)
 
-    for i, n in zip(active, stored, strict=True):
-        results[i] = BatchResult(n, False)
+    for i, n, m in zip(active, stored, new_of, strict=True):
+        results[i] = BatchResult(n, False, m)
     return WriteResult([r for r in results if r is not None])
 
 

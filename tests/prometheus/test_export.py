@@ -335,3 +335,29 @@ def test_a_receiver_that_keeps_failing_fills_the_queue_drops_counted_ingest_ackn
     finally:
         rx.shutdown()
         rx.server_close()
+
+
+def test_rows_already_stored_are_not_exported_again(sqlite_url, live_server, tmp_path, monkeypatch) -> None:
+    """A replay under another batch key (or a re-sent remote-write body) stores nothing new, so
+    it exports nothing: the receiver got those rows when they were first stored. A batch that
+    is half copies exports its new half only."""
+    rx, _hits = _answering(204)
+    monkeypatch.setenv("GPUFLEET_EXPORT_URL", f"http://127.0.0.1:{rx.server_address[1]}/api/v1/write")
+    monkeypatch.setenv("GPUFLEET_EXPORT_QUEUE_DIR", str(tmp_path / "queue"))
+    monkeypatch.setenv("GPUFLEET_EXPORT_FIELDS", "power_w")
+    try:
+        srv = live_server(sqlite_url)
+        start = time.time() - 60
+        first = make_batch("node-x", gpus=2, seconds=5, start=start, boot_id="boot-a")
+        assert post(srv.url, first).status_code == 200
+        _wait(lambda: _metrics(srv.url).get("gpufleet_export_samples_sent_total", 0) == 10, what="first rows sent")
+        replay = make_batch("node-x", gpus=2, seconds=5, start=start, boot_id="boot-b")  # same rows, new key
+        assert post(srv.url, replay).json() == {"stored": 0, "duplicate": False}
+        half = make_batch("node-x", gpus=2, seconds=10, start=start, boot_id="boot-c")  # 5 s stored, 5 s new
+        assert post(srv.url, half).json()["stored"] == 10
+        _wait(lambda: _metrics(srv.url).get("gpufleet_export_samples_sent_total", 0) >= 20, what="new half sent")
+        time.sleep(1.5)  # a re-export of the copies would have been sent by now
+        m = _metrics(srv.url)
+        assert m["gpufleet_export_samples_sent_total"] == 20 and m["gpufleet_export_queue_samples"] == 0
+    finally:
+        rx.shutdown()
