@@ -328,17 +328,25 @@ def server_cpu_s(postmaster: int) -> float | None:
         total = _proc_cpu_ticks(postmaster, True)
     except (OSError, IndexError, ValueError):
         return None
+    for _pid, st in proc_stats():
+        if int(st[1]) == postmaster:
+            total += int(st[11]) + int(st[12])
+    return total / tick
+
+
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name: state first) of every live
+    process; one that ends while being read is left out (its time is in its parent's cutime)."""
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/stat") as f:
                 st = f.read().rsplit(")", 1)[1].split()
-            if int(st[1]) == postmaster:
-                total += int(st[11]) + int(st[12])
-        except (OSError, IndexError, ValueError):
-            continue  # ended meanwhile (its time is then in the postmaster's cutime)
-    return total / tick
+        except OSError:
+            continue
+        if len(st) > 12:
+            yield int(d), st
 
 
 def _postmaster_of(backend: int) -> int | None:

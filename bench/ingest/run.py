@@ -327,17 +327,13 @@ def session_cpu_s(sid: int | None = None, user: str | None = None) -> float:
     uid = pwd.getpwnam(user).pw_uid if user else None
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
+    for pid, st in pg_instance.proc_stats():
+        if sid is not None and int(st[3]) != sid:
             continue
         try:
-            with open(f"/proc/{d}/stat") as f:
-                st = f.read().rsplit(")", 1)[1].split()
-            if sid is not None and int(st[3]) != sid:
+            if uid is not None and os.stat(f"/proc/{pid}").st_uid != uid:
                 continue
-            if uid is not None and os.stat(f"/proc/{d}").st_uid != uid:
-                continue
-        except (OSError, IndexError, ValueError):
+        except OSError:
             continue  # the process ended meanwhile
         total += int(st[11]) + int(st[12])
     return total / tick
