@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -20,6 +21,13 @@ from gpufleet.storage.tokens import create_token
 pytestmark = pytest.mark.browser
 
 SILENCE = {"job": "1002", "reason": "maintenance", "expires_in": "1h"}
+
+
+def _at(path: str) -> Callable[[str], bool]:
+    """A wait_for_url predicate for exactly ``path``: the glob "**/tokens" also matches
+    "/signin?next=/tokens", so it returned while the sign-in page was still showing and the
+    next wait read a missing element (a CI flake)."""
+    return lambda url: urlsplit(url).path == path
 
 
 def _silences(url: str) -> int:
@@ -184,7 +192,7 @@ def test_roles_in_the_ui_match_the_api(browser: Any, prod: tuple[Any, dict[str, 
 
         pg.goto(srv.url + "/signin?next=/silences")
         _sign_in(p, toks["operator"])
-        pg.wait_for_url("**/silences")
+        pg.wait_for_url(_at("/silences"))
         pg.wait_for_function("() => document.getElementById('silences').dataset.loaded === '1'")
         pg.fill("#silence-form input[name=user]", "bob")
         pg.fill("#silence-form input[name=reason]", "reservation for the notebook")
@@ -214,14 +222,14 @@ def test_tokens_page_is_for_admins(browser: Any, prod: tuple[Any, dict[str, str]
     try:
         pg.goto(srv.url + "/signin?next=/tokens")
         _sign_in(p, toks["operator"])
-        pg.wait_for_url("**/tokens")
+        pg.wait_for_url(_at("/tokens"))
         pg.wait_for_selector("#tokens-denied:not([hidden])")
         assert pg.locator("#token-form").count() == 0
         pg.click("#signout")
         pg.wait_for_url("**/signin")
         pg.goto(srv.url + "/signin?next=/tokens")
         _sign_in(p, toks["admin"])
-        pg.wait_for_url("**/tokens")
+        pg.wait_for_url(_at("/tokens"))
         pg.wait_for_function("() => document.getElementById('tokens').dataset.loaded === '3'")
         pg.fill("#token-form input[name=name]", "grafana-reader")
         pg.click("#token-form button[type=submit]")
