@@ -1,7 +1,6 @@
 """Every read of raw samples goes through here (the blocks of ``gpu_sample_blocks`` are
 opaque to everything else): ``read_raw`` for samples as numpy arrays, ``count_raw_samples``
-for tests and operations, ``stored_keys`` ((GPU, ts) keys, timestamps only decoded), and
-``job_sample_matrix``, the goodput analysis's raw read (kept as the fallback once the
+for tests and operations, and ``job_sample_matrix``, the goodput analysis's raw read (kept as the fallback once the
 analysis reads minute features).
 
 A (GPU, ts) row whose fields were stored by several writes (a supplement row beside the
@@ -25,7 +24,7 @@ from sqlalchemy import Connection, func, select
 from gpufleet.storage.fields import FIELD_INDEX, FIELDS, NAMES
 from gpufleet.storage.models import gpu_sample_blocks as _b
 from gpufleet.storage.raw_samples import BLOCK_S
-from gpufleet.storage.sample_codec import coalesce, decode_blocks, decode_times
+from gpufleet.storage.sample_codec import coalesce, decode_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,17 +104,6 @@ def count_raw_samples(conn: Connection, *, job_pk: int | None = None, gpu_pks: I
     return int(conn.execute(q).scalar_one())
 
 
-def stored_keys(conn: Connection, gpu_pks: Iterable[int], t0: float, t1: float) -> set[tuple[int, float]]:
-    """(gpu_pk, ts) of the stored samples of ``gpu_pks`` with ``t0 <= ts < t1``, decoding
-    only the timestamps of the blocks overlapping that range."""
-    q = _where(select(_b.c.gpu_pk, _b.c.data), None, gpu_pks, t0, t1)
-    out: set[tuple[int, float]] = set()
-    for g, data in conn.execute(q).all():
-        ts = decode_times(bytes(data))
-        out.update((g, t) for t in ts[(ts >= t0) & (ts < t1)].tolist())
-    return out
-
-
 def job_sample_matrix(conn: Connection, job_pk: int, since: float, fields: Sequence[str]) -> np.ndarray:
     """(rows, 2 + len(fields)) float64 of job ``job_pk``'s samples with ts >= ``since``:
     ts, gpu_pk, then the fields (NaN = absent), sorted by (gpu_pk, ts). What the goodput
@@ -128,4 +116,4 @@ def job_sample_matrix(conn: Connection, job_pk: int, since: float, fields: Seque
     return out
 
 
-__all__ = ["RawSamples", "count_raw_samples", "job_sample_matrix", "raw_records", "read_raw", "stored_keys"]
+__all__ = ["RawSamples", "count_raw_samples", "job_sample_matrix", "raw_records", "read_raw"]

@@ -267,20 +267,20 @@ def coalesce(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.nd
     if not again.any():
         return ts, gpu_pk, job_pk, vals
     starts = np.flatnonzero(np.r_[True, ~again])
-    # Per field and key, the first copy holding a value (n where none does: stays NaN).
-    pos = np.where(np.isnan(vals), n, np.arange(n))
-    first = np.minimum.reduceat(pos, starts, axis=1)
-    picked = np.take_along_axis(vals, np.minimum(first, n - 1), axis=1)
-    out = np.where(first < n, picked, np.nan)
+    _, out = first_present(vals, starts)
     return ts[starts], gpu_pk[starts], job_pk[starts], out
 
 
-def decode_times(data: bytes | memoryview) -> np.ndarray:
-    """Only the timestamps of a block (the duplicate check needs no values)."""
-    cols, n, _ = _open(data)
-    first = np.zeros(n, bool)
-    first[0] = True
-    return _times(cols, first)
+def first_present(vals: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per field and run of rows (``starts``: each run's first column of ``vals`` (NF, n)):
+    the column of the first row holding a value (n where none does) and that value (NaN where
+    none does). The one first-value-wins rule of ``coalesce`` and of the write path's copies
+    within one write (``unique_rows``)."""
+    n = vals.shape[1]
+    pos = np.where(np.isnan(vals), n, np.arange(n))
+    first = np.minimum.reduceat(pos, starts, axis=1)
+    picked = np.take_along_axis(vals, np.minimum(first, n - 1), axis=1)
+    return first, np.where(first < n, picked, np.nan)
 
 
 def decode_block(data: bytes | memoryview) -> tuple[np.ndarray, np.ndarray]:

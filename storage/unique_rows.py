@@ -36,6 +36,7 @@ from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.pg_arrays import pg_array, query_prepared
 from gpufleet.storage.raw_read import read_raw
 from gpufleet.storage.rollups import BUCKET_S
+from gpufleet.storage.sample_codec import first_present
 
 
 @dataclass(slots=True)
@@ -93,15 +94,13 @@ def _coalesce_copies(out: NewRows, again: np.ndarray) -> np.ndarray:
     n = len(out.order)
     sorted_vals = out.vals[:, out.order]
     starts = np.flatnonzero(np.r_[True, ~again])
-    pos = np.where(np.isnan(sorted_vals), n, np.arange(n))
-    first = np.minimum.reduceat(pos, starts, axis=1)  # (NF, keys): the sorted row bringing each field
+    first, merged = first_present(sorted_vals, starts)  # first: (NF, keys), the sorted row bringing each field
     brought = np.zeros(out.vals.shape, bool)
     fi, ki = np.nonzero(first < n)
     brought[fi, out.order[first[fi, ki]]] = True
     heads = out.order[starts]
-    picked = np.take_along_axis(sorted_vals, np.minimum(first, n - 1), axis=1)
     vals = out.vals.copy()
-    vals[:, heads] = np.where(first < n, picked, np.nan)
+    vals[:, heads] = merged
     out.vals = vals
     out.keep = np.zeros(n, bool)
     out.keep[heads] = True
