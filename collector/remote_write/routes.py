@@ -5,8 +5,10 @@ created one)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, FastAPI
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -14,10 +16,12 @@ from prometheus_client.registry import Collector
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from gpufleet.collector.answers import Answer, BodyReader, answer
 from gpufleet.collector.routes import collector_for
 
 from .receiver import Receiver
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 _lock = threading.Lock()
 _HEADERS = {b"authorization", b"content-encoding", b"content-type", b"content-length"}
@@ -34,11 +38,30 @@ def receiver_for(app: FastAPI) -> Receiver:
     return rw
 
 
-async def write(request: Request) -> Response:
-    rw = receiver_for(request.app)
-    headers = {k: v.decode("latin-1") for k, v in request.scope["headers"] if k in _HEADERS}
+async def handle_write(app: FastAPI, raw_headers: Iterable[tuple[bytes, bytes]], read_body: BodyReader,
+                       query_string: bytes = b"") -> Answer:
+    """The whole remote-write request, transport-independent: the Starlette route below wraps it,
+    and so can a pure-ASGI front (as ``collector.front`` does for ingest: a 2,000-sample body
+    through FastAPI's middleware, routing, Request and Response costs ~10% of its CPU).
+    ``raw_headers``: an ASGI scope's header list. Raises only ClientDisconnect (nobody left to
+    answer); every other failure is an answer, so the route and a front cannot diverge."""
     try:
-        status, body, extra = await rw.handle(headers, request.stream, request.query_params.get("cluster"))
+        rw = receiver_for(app)
+        headers = {k: v.decode("latin-1") for k, v in raw_headers if k in _HEADERS}
+        # as Starlette's request.query_params.get: latin-1, blank values kept, the last one wins
+        cluster = dict(parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)).get("cluster")
+        return await rw.handle(headers, read_body, cluster)
+    except ClientDisconnect:
+        raise
+    except Exception:
+        log.exception("remote write failed")
+        return answer(500, "internal error handling the remote-write request (logged on the collector)")
+
+
+async def write(request: Request) -> Response:
+    try:
+        status, body, extra = await handle_write(request.app, request.scope["headers"], request.stream,
+                                                 request.scope.get("query_string", b""))
     except ClientDisconnect:
         return Response(status_code=400)  # nobody is listening; uvicorn drops it
     resp = Response(body, status, media_type="application/json")
