@@ -253,6 +253,44 @@ def test_a_gpu_split_over_two_shards_stores_both_shards_fields(database_url, liv
     e.dispose()
 
 
+def test_concurrent_requests_are_parsed_one_at_a_time_on_the_receivers_thread(database_url, live_server) -> None:
+    """Requests in flight together (a sender's shards) are parsed on the receiver's one parse
+    thread, never two at once (a thread pool ran them side by side, only to take turns on the
+    GIL and the receiver's lock), and every row is stored once."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    srv = live_server(database_url)
+    rec = srv.app.state.remote_write
+    parse = rec._parse
+    threads: set[str] = set()
+    busy = [0, 0]  # parses running now, the most at once
+    guard = threading.Lock()
+
+    def watched(*args):  # the real _parse, recording where and how many at once it runs
+        with guard:
+            threads.add(threading.current_thread().name)
+            busy[0] += 1
+            busy[1] = max(busy)
+        try:
+            time.sleep(0.02)  # long enough that requests overlap here if they can
+            return parse(*args)
+        finally:
+            with guard:
+                busy[0] -= 1
+
+    rec._parse = watched
+    bodies = [body([({"__name__": "DCGM_FI_DEV_POWER_USAGE", "UUID": f"GPU-c{k}", "gpu": "0",
+                      "Hostname": f"node-c{k}"}, [(T0, 300.0)])]) for k in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda raw: post(srv.url, raw), bodies))
+    assert [r.status_code for r in answers] == [200] * 8
+    assert busy[1] == 1 and len(threads) == 1 and threads.pop().startswith("gpufleet-rw-parse")
+    e = make_engine(database_url)
+    assert stored(e) == {(f"GPU-c{k}", T0 / 1000): 1 for k in range(8)}
+    e.dispose()
+
+
 def test_a_body_without_the_framebuffer_series_keeps_the_gpus_memory_total(database_url, live_server) -> None:
     """A sender cuts a scrape into bodies anywhere: a body without a GPU's framebuffer series
     must not erase the memory total an earlier body gave (known series: the columnar path too)."""
