@@ -221,9 +221,39 @@ def _old_package(tree: Path) -> Any:
     return pkg
 
 
+def in_flight(rec: Any, todo: list[bytes], limit: int, conns: int = 64) -> float:
+    """CPU per body of ``rec._parse`` with ``conns`` requests in flight, dispatched the way the
+    receiver's ``_handle`` does: on its own parse thread (``_parser``), or, in a tree from
+    before it had one, on Starlette's threadpool (anyio's, 40 threads)."""
+    import asyncio
+
+    from starlette.concurrency import run_in_threadpool
+
+    async def run() -> float:
+        sem = asyncio.Semaphore(conns)
+        loop = asyncio.get_running_loop()
+        parser = getattr(rec, "_parser", None)
+
+        async def one(b: bytes) -> None:
+            async with sem:
+                if parser is not None:
+                    c = await loop.run_in_executor(parser, rec._parse, b, "bench", limit)
+                else:
+                    c = await run_in_threadpool(rec._parse, b, "bench", limit)
+                with rec._lock:
+                    rec.rates.commit(c.rate_updates)
+
+        t = time.process_time()
+        await asyncio.gather(*(one(b) for b in todo))
+        return (time.process_time() - t) / len(todo)
+
+    return asyncio.run(run())
+
+
 def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, group: int) -> None:
     """Collector CPU per body, old tree vs this one in one process, passes alternating, the fastest
-    of ``repeat`` each (``time.process_time``): the receiver's whole ``_parse`` and its split into
+    of ``repeat`` each (``time.process_time``): the receiver's whole ``_parse`` (one body after the
+    other, and ``_parse@64``: 64 in flight, as the receiver dispatches them), its split into
     parse (snappy + the columnar scan) and convert (convert_columnar + check_batch), and the write
     (``write_batches`` of ``group`` bodies' batches per transaction, as the group writer commits
     them; a fresh database per pass so no row is a repeat)."""
@@ -261,6 +291,7 @@ def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, gr
             rec.rates.commit(c.rate_updates)
             assert c.columnar, "the bench's bodies should take the columnar path"
         keep(who, "_parse", (time.process_time() - t) / len(todo))
+        keep(who, "_parse@64", in_flight(rec, todo, limit))
         # the split, on the same bodies and warm state (the answers are the same: rates do not move)
         raws = []
         t = time.process_time()
@@ -317,7 +348,7 @@ def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, gr
     for who in ("old", "new"):
         print(f"  {who}: {shape[who][0] / len(todo):.1f} batches, {shape[who][1] / len(todo):.1f} rows per body")
     print(f"  {'':10s} {'old':>8s} {'new':>8s}  old/new")
-    for what in ("_parse", "parse", "convert", "write"):
+    for what in ("_parse", "_parse@64", "parse", "convert", "write"):
         o, n = best_of["old", what], best_of["new", what]
         print(f"  {what:10s} {o * 1e3:8.3f} {n * 1e3:8.3f}  {o / n:6.2f}x")
     o = best_of["old", "_parse"] + best_of["old", "write"]
