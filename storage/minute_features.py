@@ -40,7 +40,7 @@ import numpy as np
 from sqlalchemy import Connection
 
 from gpufleet.storage.dialect import dialect_of
-from gpufleet.storage.pg_arrays import execute_prepared, pg_array
+from gpufleet.storage.pg_arrays import NAN, array_rows, execute_prepared, pg_array, pg_float_values, with_count
 
 BUCKET_S = 60
 HIST_SPAN_S = 3600  # one histogram row per job-hour
@@ -297,15 +297,19 @@ def _merge_expr(c: str, rule: str, supplement: bool = False) -> str:
 
 MERGE_SQL = ", ".join(f"{c} = {_merge_expr(c, r)}" for c, r in RULES.items())
 _COLS = (*KEY, *STATE)
+_INT_KEYED = INT_COLUMNS | {"job_pk", "gpu_pk"}  # the columns that travel as int4
 
 
 def _feature_sql(dialect: str, supplement: bool = False) -> str:
     merge = ", ".join(f"{c} = {_merge_expr(c, r, supplement)}" for c, r in RULES.items()) if supplement else MERGE_SQL
     conflict = f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {merge}"
     if dialect == "postgresql":
-        types = ["int4[]" if c in INT_COLUMNS or c in ("job_pk", "gpu_pk") else "float8[]" for c in _COLS]
-        args = ", ".join(f"%b::{ty}" for ty in types)
-        return f"INSERT INTO {FEATURE_TABLE} ({', '.join(_COLS)}) SELECT * FROM unnest({args}) {conflict}"
+        # Rows read from one array parameter per column (pg_arrays.array_rows): integer
+        # columns int4, the others float8 with NaN for NULL (pg_float_values).
+        types = ["int4[]" if c in _INT_KEYED else "float8[]" for c in _COLS]
+        nulls = ["" if c in _INT_KEYED else NAN for c in _COLS]
+        rows = array_rows(types, nulls, [""] * len(_COLS))
+        return f"INSERT INTO {FEATURE_TABLE} ({', '.join(_COLS)}) {rows} {conflict}"
     return f"INSERT INTO {FEATURE_TABLE} ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))}) {conflict}"
 
 
@@ -330,16 +334,18 @@ def upsert_folded(conn: Connection, f: Folded, supplement: bool = False) -> None
         sql = _SQL[(dialect, supplement)] = _feature_sql(dialect, supplement)
     arrays = [f.job_pk, f.bucket, f.gpu_pk] + [f.cols[c] for c in STATE]
     if dialect == "postgresql":
-        params = [pg_array(a, integer=c in INT_COLUMNS or c in ("job_pk", "gpu_pk"))
+        floats = iter(pg_float_values(np.array([a for c, a in zip(_COLS, arrays, strict=True) if c not in _INT_KEYED],
+                                               dtype=np.float64)))
+        params = [pg_array(a, integer=True) if c in _INT_KEYED else next(floats)
                   for c, a in zip(_COLS, arrays, strict=True)]
-        execute_prepared(conn, sql, params)
+        execute_prepared(conn, sql, with_count(params))
         # Every job-hour in one statement: the histograms travel as one flat array, sliced per row.
         execute_prepared(conn, _HIST_SQL_PG, [pg_array(f.hist.ravel(), integer=True),
                                               pg_array(f.hist_job, integer=True), pg_array(f.hist_hour, integer=True)])
         return
     pycols: list[list[Any]] = []
     for c, a in zip(_COLS, arrays, strict=True):
-        if c in INT_COLUMNS or c in ("job_pk", "gpu_pk"):
+        if c in _INT_KEYED:
             pycols.append(a.astype(np.int64).tolist())
         elif c in NULLABLE:
             pycols.append([None if v != v else v for v in a.tolist()])

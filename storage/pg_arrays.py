@@ -82,15 +82,54 @@ def pg_array(a: np.ndarray, *, integer: bool) -> _PgArray:
 def pg_float_arrays(mat: np.ndarray) -> list[_PgArray]:
     """``pg_array(row, integer=False)`` for every row of ``mat``: the rows without NaN (most
     rollup columns) are encoded by one numpy pass and sliced, instead of one call each."""
-    rows, n = mat.shape
     nan_rows = np.isnan(mat).any(axis=1).tolist()
+    plain = pg_float_values(mat)
+    return [pg_array(mat[j], integer=False) if nan_rows[j] else plain[j] for j in range(len(plain))]
+
+
+def pg_float_values(mat: np.ndarray) -> list[_PgArray]:
+    """Every row of ``mat`` as a float8[] parameter with NaN sent as a value, never NULL: an
+    array without a null bitmap is read by subscript in constant time (``array_rows``), and
+    the SQL turns NaN back into NULL (every value the write path stores is finite, so a NaN
+    is always "absent")."""
+    rows, n = mat.shape
     rec = np.empty(mat.shape, dtype=_ELEM_REC[False])
     rec["l"] = 8
     rec["v"] = mat
     body, w = rec.tobytes(), n * 12
     head = struct.pack(">iiIii", 1, 0, 701, n, 1)
-    return [pg_array(mat[j], integer=False) if nan_rows[j] else _Float8Array(head + body[j * w:(j + 1) * w])
-            for j in range(rows)]
+    return [_Float8Array(head + body[j * w:(j + 1) * w]) for j in range(rows)]
+
+
+NAN = "'NaN'::float8"  # array_rows' null marker of a float8 column (pg_float_values)
+
+
+def array_rows(types: list[str], nulls: list[str], casts: list[str]) -> str:
+    """``SELECT`` of row ``i`` of each array parameter (``%b::type``, in order), one output row
+    per element: the rows an upsert inserts. The parameters must be followed by the first one
+    again (``with_count``), which gives the row count.
+
+    Why not ``unnest(%b, %b, ...)``: a multi-argument unnest runs one function scan per array,
+    each materialised into its own tuplestore, and on the GPU-minute upserts (55 arrays of ~400
+    rows) that was ~5 us of PostgreSQL CPU per upserted row, a third of the statement; reading
+    element ``i`` of a flat array without a null bitmap is constant time (~1.3 us per row for
+    all 55). Hence no NULL on the wire: ``nulls[k]`` is the value that stands for NULL in
+    column ``k`` (``NAN`` for ``pg_float_values``, ``-1`` for an id; "" = never null), and
+    ``casts[k]`` a type to cast the element to after that ("" = none)."""
+    cols = []
+    for ty, null, cast in zip(types, nulls, casts, strict=True):
+        e = f"(%b::{ty})[i]"
+        if null:
+            e = f"NULLIF({e}, {null})"
+        if cast:
+            e = f"{e}::{cast}"
+        cols.append(e)
+    return f"SELECT {', '.join(cols)} FROM generate_series(1, cardinality(%b::{types[0]})) AS i"
+
+
+def with_count(params: list[Any]) -> list[Any]:
+    """``params`` for an ``array_rows`` statement: the first array once more, for its length."""
+    return [*params, params[0]]
 
 
 def execute_prepared(conn: Connection, sql: str, params: list[Any]) -> None:

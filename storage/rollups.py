@@ -12,7 +12,7 @@ from sqlalchemy import Connection
 
 from gpufleet.storage.dialect import dialect_of
 from gpufleet.storage.fields import FIELDS, NAMES, NF, ROLLUP
-from gpufleet.storage.pg_arrays import execute_prepared, pg_array, pg_float_arrays
+from gpufleet.storage.pg_arrays import NAN, array_rows, execute_prepared, pg_array, pg_float_values, with_count
 
 BUCKET_S = 60.0
 
@@ -128,20 +128,19 @@ def _merge_sql(table: str, supplement: bool = False) -> str:
     return ", ".join(sets)
 
 
-_PG_ARRAY = {"f4": "float8[]", "f8": "float8[]", "i8": "int8[]"}
-
-
 def _rollup_sql(dialect: str, table: str, key_col: str, supplement: bool = False) -> str:
     cols = [key_col, "bucket", "n", "last_ts"] + (["job_pk"] if table == "gpu_samples_1m" else []) + list(NAMES)
     conflict = f"ON CONFLICT ({key_col}, bucket) DO UPDATE SET {_merge_sql(table, supplement)}"
     if dialect == "postgresql":
-        types = ["int4[]", "float8[]", "int4[]", "float8[]"] + (["int4[]"] if table == "gpu_samples_1m" else []) \
-            + [_PG_ARRAY[f.dtype] for f in FIELDS]
         # One statement for all rows: each column arrives as one binary array parameter
-        # (built with numpy, see storage.pg_arrays) and is unnested into rows. Integer fields travel as
-        # float8 (null where NaN) and are cast; the statement is prepared once per connection.
-        args = ", ".join(f"%b::{'float8[]::int8[]' if t == 'int8[]' else t}" for t in types)
-        return f"INSERT INTO {table} ({', '.join(cols)}) SELECT * FROM unnest({args}) {conflict}"
+        # (built with numpy, see storage.pg_arrays) and is read row by row (array_rows). Fields
+        # travel as float8 with NaN for absent (NULL again in the SQL), integer fields cast to
+        # int8; the GPU row's job_pk as int4 with -1 for none. Prepared once per connection.
+        job = table == "gpu_samples_1m"
+        types = ["int4[]", "float8[]", "int4[]", "float8[]"] + (["int4[]"] if job else []) + ["float8[]"] * NF
+        nulls = ["", "", "", ""] + (["-1"] if job else []) + [NAN] * NF
+        casts = ["", "", "", ""] + ([""] if job else []) + ["int8" if f.dtype == "i8" else "" for f in FIELDS]
+        return f"INSERT INTO {table} ({', '.join(cols)}) {array_rows(types, nulls, casts)} {conflict}"
     return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) {conflict}"
 
 
@@ -162,10 +161,10 @@ def upsert_rollup(conn: Connection, table: Any, key_col: str, keys: np.ndarray, 
         sql = _SQL_CACHE[ck] = _rollup_sql(dialect, table.name, key_col, supplement)
     # Sorted keys: concurrent writers lock rollup rows in the same order (no deadlocks).
     if dialect == "postgresql":
-        arrays = [keys, buckets, n, last_ts] + ([np.where(carry < 0, np.nan, carry)] if carry is not None else [])
+        arrays = [keys, buckets, n, last_ts] + ([np.where(carry < 0, -1, carry)] if carry is not None else [])
         params = [pg_array(a, integer=k in (0, 2, 4)) for k, a in enumerate(arrays)]
-        params += pg_float_arrays(agg)
-        execute_prepared(conn, sql, params)
+        params += pg_float_values(agg)
+        execute_prepared(conn, sql, with_count(params))
         return
     cols: list[list[Any]] = [keys.tolist(), buckets.tolist(), n.tolist(), last_ts.tolist()]
     if carry is not None:

@@ -339,6 +339,19 @@ def session_cpu_s(sid: int | None = None, user: str | None = None) -> float:
     return total / tick
 
 
+def profile_workers(sid: int, out: Path, seconds: float, name: str) -> list[subprocess.Popen[bytes]]:
+    """py-spy (``--gil``: the thread holding the GIL, i.e. the Python work) on each process of the
+    server's session but its supervisor, for the measured run: raw folded stacks in ``out``, one
+    file per worker (``py-spy`` from the venv; the box's 2 cores share its sampling too)."""
+    spy = str(Path(PY).with_name("py-spy"))
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "".join(ch if ch.isalnum() else "_" for ch in name)
+    pids = [pid for pid, st in pg_instance.proc_stats() if int(st[3]) == sid and pid != sid]
+    return [subprocess.Popen([spy, "record", "--gil", "-r", "100", "-f", "raw", "-d", str(int(seconds)),
+                              "-o", str(out / f"{tag}-{pid}.txt"), "-p", str(pid)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
+
+
 def _keep_failing_logs(tmp: Path) -> None:
     """A collector log that recorded an error outlives the run's temp folder (a 500 among
     thousands of 200s must be explainable afterwards)."""
@@ -468,6 +481,7 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
         before = count_rows(url)
         log(f"{name}: measuring {args.duration:.0f} s with {args.nodes} connections")
         pg0 = pg_instance.server_stats(url) if url.startswith("postgresql") else None
+        spies = profile_workers(sid, args.profile, args.duration, name) if args.profile else []
         cpu0 = session_cpu_s(sid)
         w = run_wrk(tools["wrk"], port, bodies, "/api/v1/ingest", "application/msgpack", conns=args.nodes,
                     seconds=args.duration, threads=args.wrk_threads, placeholder=PLACEHOLDER)
@@ -479,6 +493,8 @@ def http_ingest(name: str, url: str, tools: dict[str, str | None], bodies: Path,
             raise RuntimeError(f"{name}: {sent} requests but only {len(tpl.batches)} distinct bodies, so rows "
                                f"repeated (stored once): raise --windows to at least "
                                f"{sent // args.nodes + 2}")
+        for spy in spies:
+            spy.wait(60)
         time.sleep(3.0)  # let the requests in flight when wrk stopped commit
         # Collector CPU over the run, and what the run cost the PostgreSQL server (server_cost)
         cpu = session_cpu_s(sid) - cpu0
@@ -874,6 +890,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds of the PostgreSQL / VictoriaMetrics / COPY ingest runs, interleaved (default 1)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="py-spy --gil each collector worker during gpufleet's measured runs, folded stacks here")
     args = ap.parse_args()
     args.duration = args.duration or (10.0 if args.quick else 30.0)
     args.warmup = args.warmup or (3.0 if args.quick else 5.0)
