@@ -313,11 +313,15 @@ def _feature_sql(dialect: str, supplement: bool = False) -> str:
     return f"INSERT INTO {FEATURE_TABLE} ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))}) {conflict}"
 
 
-_HIST_MERGE_PG = (f"h = (SELECT array_agg(a + b ORDER BY i) FROM unnest({HIST_TABLE}.h, excluded.h) "
-                  "WITH ORDINALITY AS u(a, b, i)), folds = " + f"{HIST_TABLE}.folds + 1")
+# The element-wise sum by subscript: unnest(h, excluded.h) WITH ORDINALITY + array_agg(ORDER BY)
+# materialised and sorted 400 pairs per row, 105 us of PostgreSQL CPU per job-hour row against
+# 41 us for this (same arrays; tests/storage compares the stored histograms).
+_HIST_MERGE_PG = (f"h = ARRAY(SELECT {HIST_TABLE}.h[k] + excluded.h[k] FROM generate_series(1, {HIST_LEN}) AS k), "
+                  f"folds = {HIST_TABLE}.folds + 1")
+# Parameters: job_pk, hour, the flat histograms, job_pk again (its length: pg_arrays.array_rows).
 _HIST_SQL_PG = (f"INSERT INTO {HIST_TABLE} (job_pk, hour, folds, h) "
-                f"SELECT u.j, u.hr, 1, (%b::int4[])[(u.i - 1) * {HIST_LEN} + 1 : u.i * {HIST_LEN}] "
-                "FROM unnest(%b::int4[], %b::int4[]) WITH ORDINALITY AS u(j, hr, i) "
+                f"SELECT (%b::int4[])[i], (%b::int4[])[i], 1, (%b::int4[])[(i - 1) * {HIST_LEN} + 1 : i * {HIST_LEN}] "
+                "FROM generate_series(1, cardinality(%b::int4[])) AS i "
                 f"ON CONFLICT (job_pk, hour) DO UPDATE SET {_HIST_MERGE_PG}")
 _SQL: dict[tuple[str, bool], str] = {}
 
@@ -340,8 +344,9 @@ def upsert_folded(conn: Connection, f: Folded, supplement: bool = False) -> None
                   for c, a in zip(_COLS, arrays, strict=True)]
         execute_prepared(conn, sql, with_count(params))
         # Every job-hour in one statement: the histograms travel as one flat array, sliced per row.
-        execute_prepared(conn, _HIST_SQL_PG, [pg_array(f.hist.ravel(), integer=True),
-                                              pg_array(f.hist_job, integer=True), pg_array(f.hist_hour, integer=True)])
+        execute_prepared(conn, _HIST_SQL_PG, with_count([pg_array(f.hist_job, integer=True),
+                                                         pg_array(f.hist_hour, integer=True),
+                                                         pg_array(f.hist.ravel(), integer=True)]))
         return
     pycols: list[list[Any]] = []
     for c, a in zip(_COLS, arrays, strict=True):
