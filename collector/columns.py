@@ -173,10 +173,13 @@ def field_bounds_ok(mat: np.ndarray, bounds: FieldBounds) -> bool:
     lo, hi, int_rows = bounds
     if ((mat < lo) | (mat > hi)).any():
         return False
+    # A fraction lies above its floor; a whole number equals it, and a NaN compares False (so
+    # "not available" passes); the values are finite here (inside their ranges). Four numpy
+    # calls instead of seven (!=, isnan, ~, & around the floor): this check was the collector's
+    # largest self time under py-spy (9% of the GIL, 1,000-connection ingest bench).
     if len(int_rows):
         m = mat[int_rows]
-        if ((m != np.floor(m)) & ~np.isnan(m)).any():
-            return False
+        return not (np.floor(m) < m).any()
     return True
 
 

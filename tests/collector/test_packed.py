@@ -139,6 +139,24 @@ def test_value_out_of_range_names_field_and_row(server) -> None:  # type: ignore
     assert _rows(engine, "pk-range") == []
 
 
+@pytest.mark.parametrize(("value", "ok"), [(2.0, True), (0.0, True), (-0.0, True), (999_999.0, True),
+                                         (math.nan, True), (2.5, False), (1e-9, False), (999_998.5, False),
+                                         (1e6 + 0.5, False), (-1.0, False)])
+def test_integer_fields_must_be_whole(value: float, ok: bool) -> None:
+    """The packed fast path's value rule (field_bounds_ok) on integer fields: a fraction is
+    refused, so is a value out of range, a whole number or NaN ("not available") passes."""
+    from gpufleet.collector.columns import field_bounds, field_bounds_ok
+    from gpufleet.storage.fields import FIELD_INDEX
+
+    idx = np.array([FIELD_INDEX[f] for f in ("sm_active", "xid_last", "pcie_replay_count")])
+    mat = np.array([[0.5] * 4, [13.0] * 4, [1.0] * 4])
+    assert field_bounds_ok(mat, field_bounds(idx))
+    for row in (1, 2):
+        m = mat.copy()
+        m[row, 2] = value
+        assert field_bounds_ok(m, field_bounds(idx)) is ok, (row, value)
+
+
 # --- hostile packed bodies ----------------------------------------------------------------
 
 _PART = st.sampled_from(["n", "ts", "gpus", "gpu", "fields", "values", "jobs", "job"])
