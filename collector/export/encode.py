@@ -150,6 +150,7 @@ class Encoder:
             raise ValueError(f"export labels {bad} not among {', '.join(LABELS)}")
         self.fields = [(_NAMES.index(f), f) for f in names]
         self.labels = tuple(labels)
+        self._name_labels = [wire.encode_labels([("__name__", PREFIX + f)]) for _, f in self.fields]
         self._cache: dict[tuple[str, str, str, str | None], list[bytes]] = {}
         self._layouts: dict[tuple[str, str, str, str | None, bytes], tuple[list[bytes], bytes]] = {}
         self._rows = [j for j, _ in self.fields]
@@ -159,11 +160,12 @@ class Encoder:
         # native=False: the numpy path even where the C pass is built (the tests' reference)
         self.native = native and _NATIVE is not None
 
-    def _labels(self, src: RowSource, uuid: str, job: str | None, field: str) -> bytes:
+    def _gpu_labels(self, src: RowSource, uuid: str, job: str | None) -> bytes:
+        """A GPU's labels but the metric name, encoded once for all its fields' series."""
         have = {"cluster": src.cluster, "node": src.node, "uuid": uuid,
                 "gpu": str(src.gpu_index[uuid]) if uuid in src.gpu_index else "",
                 "job": job or "", "user": (src.job_user.get(job) or "") if job else ""}
-        return wire.encode_labels([("__name__", PREFIX + field)] + [(k, have[k]) for k in self.labels if have[k]])
+        return wire.encode_labels([(k, have[k]) for k in self.labels if have[k]])
 
     def series(self, src: RowSource) -> tuple[list[bytes], int]:
         """Encoded TimeSeries messages (each with its field-1 tag) and their sample count."""
@@ -275,7 +277,12 @@ class Encoder:
         key = (src.cluster, src.node, uuid, job)
         hit = self._cache.get(key)
         if hit is None:
-            hit = [self._labels(src, uuid, job, f) for _, f in self.fields]
+            # labels are sorted by name on the wire and "__name__" sorts before every one of
+            # LABELS (all lower case): a series' labels are its name's label, then the GPU's
+            # (one encode_labels per GPU, not per series: ~5 us each, 96,000 of them on a
+            # fresh collector of the bench's 3,200 GPUs)
+            rest = self._gpu_labels(src, uuid, job)
+            hit = [name + rest for name in self._name_labels]
             if len(self._cache) * len(self.fields) >= self.max_cached:  # max_cached counts series
                 self._cache.clear()
             self._cache[key] = hit

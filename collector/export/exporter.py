@@ -206,7 +206,7 @@ class Exporter:
     def _put(self, srcs: list[RowSource]) -> None:
         raw, count = self.encoder.encode(srcs)
         if count:
-            self.spool.put(wire.snappy(raw), count)
+            self.spool.put(wire.snappy(raw), count, hold=True)  # no file when the sender takes it at once
 
     # --- sender thread -----------------------------------------------------------------
 
@@ -228,9 +228,8 @@ class Exporter:
     def _send(self, item: Item) -> float | None:
         """None when the body is done with (sent, or dropped for good); else seconds to wait
         (0 = use the backoff)."""
-        try:
-            body = item.path.read_bytes()
-        except FileNotFoundError:  # dropped by the bound while we picked it
+        body = self.spool.body(item)
+        if body is None:  # dropped by the bound while we picked it
             self.spool.done(item)
             return None
         headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
@@ -241,6 +240,7 @@ class Exporter:
             r = self.poster.post(body, headers)
         except (OSError, http.client.HTTPException) as e:
             log.warning("export to %s: %s (retrying; %d bodies queued)", self.settings.url, e, self.spool.depth[0])
+            self.spool.persist(item)  # it may now wait long: on disk, as the bodies behind it
             return 0.0
         if r.is_success:
             self.spool.done(item)
@@ -250,6 +250,7 @@ class Exporter:
             return None
         if r.status == 429 or r.status >= 500:
             log.warning("export to %s: HTTP %d (retrying)", self.settings.url, r.status)
+            self.spool.persist(item)
             try:
                 return float(r.retry_after or "0")
             except ValueError:

@@ -182,6 +182,7 @@ def test_the_c_pass_writes_the_numpy_paths_bytes() -> None:
         _NATIVE.encode(np.zeros((2, 3)), 3, np.array([0, 1]), np.array([3]), np.array([0, 1]),
                        np.zeros(1, np.int64), [[b"", b""]])
 
+
 def test_queue_is_bounded_drops_oldest_counts_and_survives_a_restart(tmp_path: Path) -> None:
     q = Spool(tmp_path, max_bytes=1000)
     for i in range(5):
@@ -226,6 +227,44 @@ def _count(prom, promql: str) -> float:  # type: ignore[no-untyped-def]
     res = prom.query(promql)
     return float(res[0]["value"][1]) if res else 0.0
 
+
+
+def test_a_body_put_into_an_empty_queue_is_held_until_sent_or_failed_and_kept_at_a_clean_stop(tmp_path: Path) -> None:
+    """The exporter's hand-off (hold=True): the sender is idle, so a body it posts at once is
+    never written; one whose post fails is written to its place before the bodies behind it,
+    and one still unsent at close is written, so a restarted process sends it."""
+    q = Spool(tmp_path, max_bytes=10_000)
+    q.put(b"a" * 100, 1, hold=True)
+    first = q.oldest(0)
+    assert first is not None and not first.path.exists() and q.body(first) == b"a" * 100
+    q.put(b"b" * 100, 2, hold=True)  # the queue was not empty: written
+    assert q.oldest(0) == first and len(list(q.dir.glob("*.rw"))) == 1 and q.depth == (2, 200, 3)
+    q.done(first)  # sent: nothing to delete
+    second = q.oldest(0)
+    assert second is not None and second.path.exists()
+    q.done(second)
+    assert q.depth == (0, 0, 0) and not list(q.dir.glob("*.rw"))
+    q.put(b"c" * 100, 3, hold=True)
+    failed = q.oldest(0)
+    assert failed is not None
+    q.put(b"d" * 100, 4, hold=True)
+    q.persist(failed)  # its post failed: on disk, still first
+    assert failed.path.read_bytes() == b"c" * 100 and q.oldest(0) == failed
+    q.done(failed)
+    last = q.oldest(0)
+    assert last is not None
+    q.done(last)
+    q.put(b"e" * 100, 5, hold=True)
+    q.close()  # a clean stop with the held body unsent
+    again = Spool(tmp_path, max_bytes=10_000)
+    item = again.oldest(0)
+    assert again.depth == (1, 100, 5) and item is not None and again.body(item) == b"e" * 100
+    again.close()
+    full = Spool(tmp_path / "full", max_bytes=150)
+    full.put(b"f" * 100, 6, hold=True)
+    full.put(b"g" * 100, 7, hold=True)  # the bound drops the held head: counted, no file for it
+    assert full.depth == (1, 100, 7) and full.dropped_samples == 6 and len(list(full.dir.glob("*.rw"))) == 1
+    full.close()
 
 @pytest.mark.slow
 def test_export_to_victoria_metrics_through_an_outage_and_a_collector_restart(database_url, live_server, tmp_path,
