@@ -206,7 +206,7 @@ class Exporter:
     def _put(self, srcs: list[RowSource]) -> None:
         raw, count = self.encoder.encode(srcs)
         if count:
-            self.spool.put(wire.snappy(raw), count, hold=True)  # no file when the sender takes it at once
+            self.spool.put(wire.snappy(raw), count, hold=True)  # no file when the sender takes it within moments
 
     # --- sender thread -----------------------------------------------------------------
 
@@ -240,7 +240,7 @@ class Exporter:
             r = self.poster.post(body, headers)
         except (OSError, http.client.HTTPException) as e:
             log.warning("export to %s: %s (retrying; %d bodies queued)", self.settings.url, e, self.spool.depth[0])
-            self.spool.persist(item)  # it may now wait long: on disk, as the bodies behind it
+            self.spool.persist()  # they may now wait long: on disk, as the bodies behind them
             return 0.0
         if r.is_success:
             self.spool.done(item)
@@ -250,7 +250,7 @@ class Exporter:
             return None
         if r.status == 429 or r.status >= 500:
             log.warning("export to %s: HTTP %d (retrying)", self.settings.url, r.status)
-            self.spool.persist(item)
+            self.spool.persist()
             try:
                 return float(r.retry_after or "0")
             except ValueError:

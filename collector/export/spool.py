@@ -3,13 +3,14 @@ file per body, oldest first. It survives a restart of the collector; bounded in 
 drops the OLDEST bodies when full (fresh data matters more downstream than the tail of a long
 outage) and counts the samples it dropped.
 
-A body put into an EMPTY queue is held in memory instead of written (``hold=True``): the
-sender is idle and posts it at once, and a body the receiver acknowledges at once never
-touches the disk (the file's write, read and unlink were about a quarter of the export's CPU
-in a running collector). It is written to its place in the queue when its post fails
-(``persist``) and at ``close`` (a clean stop) if still unsent, so only a process killed during
-that one post (milliseconds; at most the post's timeout) loses it, as such a process loses the
-rows not yet encoded. At most one body is held at a time: it is the queue's head.
+The bodies at the head of the queue, up to ``hold_max`` of them, are held in memory instead
+of written (``put(hold=True)`` while every queued body is held): the sender posts them within
+moments, and a body the receiver acknowledges at once never touches the disk (the file's
+write, read and unlink were about a quarter of the export's CPU in a running collector). When
+a post fails they are written to their places in the queue (``persist``: they may now wait
+long), and so are they at ``close`` (a clean stop); a body put behind a written one is written.
+So only a process killed while they are posted (milliseconds; at most the posts' timeout)
+loses them, at most ``hold_max`` bodies, as such a process loses the rows not yet encoded.
 
 Each collector process owns one subdirectory (``worker-<k>``, held with an exclusive flock), so
 ``serve --workers N`` processes never send the same file twice, and a restarted process adopts
@@ -46,9 +47,10 @@ def _parse(path: Path) -> Item | None:
 
 
 class Spool:
-    def __init__(self, root: Path, max_bytes: int, max_workers: int = 256) -> None:
+    def __init__(self, root: Path, max_bytes: int, max_workers: int = 256, hold_max: int = 8) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self.hold_max = hold_max
         self._lock_fd = -1
         for k in range(max_workers):
             d = root / f"worker-{k}"
@@ -75,11 +77,8 @@ class Spool:
         self._cv = threading.Condition(self._mu)
 
     def close(self) -> None:
-        """Write the held body, if any (a clean stop keeps what is unsent), and let the
-        directory go."""
-        with self._mu:
-            for item in [i for i in self._items if i.path in self._held]:
-                self._write(item.path, self._held.pop(item.path))
+        """Write the held bodies (a clean stop keeps what is unsent) and let the directory go."""
+        self.persist()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -91,12 +90,13 @@ class Spool:
         os.replace(tmp, path)  # a reader never sees half a body
 
     def put(self, body: bytes, samples: int, hold: bool = False) -> None:
-        """Queue a body; with ``hold`` one put into an empty queue stays in memory."""
+        """Queue a body; with ``hold`` it stays in memory while every body before it does (at
+        most ``hold_max``)."""
         with self._mu:
             seq = self._seq
             self._seq += 1
             path = self.dir / f"{seq:016d}-{samples}{SUFFIX}"
-            held = hold and not self._items
+            held = hold and len(self._held) == len(self._items) and len(self._held) < self.hold_max
             if held:
                 self._held[path] = body
         if not held:
@@ -130,12 +130,12 @@ class Spool:
         except FileNotFoundError:
             return None
 
-    def persist(self, item: Item) -> None:
-        """Write a held body to its place in the queue (its post failed: it may wait long)."""
-        with self._mu:  # under the lock: the bound must not drop it while it is being written
-            body = self._held.pop(item.path, None)
-            if body is not None and item in self._items:
-                self._write(item.path, body)
+    def persist(self) -> None:
+        """Write the held bodies to their places in the queue (a post failed: they may wait long)."""
+        with self._mu:  # under the lock: the bound must not drop one while it is being written
+            for item in [i for i in self._items if i.path in self._held]:
+                self._write(item.path, self._held.pop(item.path))
+            self._held.clear()  # none is left that is not queued; be exact anyway
 
     def done(self, item: Item) -> None:
         """Remove a body that was sent (or refused for good)."""

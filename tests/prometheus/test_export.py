@@ -229,41 +229,50 @@ def _count(prom, promql: str) -> float:  # type: ignore[no-untyped-def]
 
 
 
-def test_a_body_put_into_an_empty_queue_is_held_until_sent_or_failed_and_kept_at_a_clean_stop(tmp_path: Path) -> None:
-    """The exporter's hand-off (hold=True): the sender is idle, so a body it posts at once is
-    never written; one whose post fails is written to its place before the bodies behind it,
-    and one still unsent at close is written, so a restarted process sends it."""
-    q = Spool(tmp_path, max_bytes=10_000)
-    q.put(b"a" * 100, 1, hold=True)
+def test_bodies_at_the_queues_head_are_held_until_sent_or_failed_and_kept_at_a_clean_stop(tmp_path: Path) -> None:
+    """The exporter's hand-off (hold=True): the sender is about to post them, so bodies it
+    posts at once are never written (at most hold_max held, and never behind a written one);
+    when a post fails they are written to their places before the bodies behind them, and
+    those still unsent at close are written, so a restarted process sends them in order."""
+    q = Spool(tmp_path, max_bytes=10_000, hold_max=2)
+    for k in range(4):
+        q.put(bytes([65 + k]) * 100, k + 1, hold=True)
+    assert q.depth == (4, 400, 10) and len(list(q.dir.glob("*.rw"))) == 2  # two held, two written
     first = q.oldest(0)
-    assert first is not None and not first.path.exists() and q.body(first) == b"a" * 100
-    q.put(b"b" * 100, 2, hold=True)  # the queue was not empty: written
-    assert q.oldest(0) == first and len(list(q.dir.glob("*.rw"))) == 1 and q.depth == (2, 200, 3)
+    assert first is not None and not first.path.exists() and q.body(first) == b"A" * 100
     q.done(first)  # sent: nothing to delete
-    second = q.oldest(0)
-    assert second is not None and second.path.exists()
-    q.done(second)
+    q.put(b"E" * 100, 5, hold=True)  # behind written bodies: written
+    assert len(list(q.dir.glob("*.rw"))) == 3
+    for want in b"BCDE":
+        item = q.oldest(0)
+        assert item is not None and q.body(item) == bytes([want]) * 100
+        q.done(item)
     assert q.depth == (0, 0, 0) and not list(q.dir.glob("*.rw"))
-    q.put(b"c" * 100, 3, hold=True)
-    failed = q.oldest(0)
-    assert failed is not None
-    q.put(b"d" * 100, 4, hold=True)
-    q.persist(failed)  # its post failed: on disk, still first
-    assert failed.path.read_bytes() == b"c" * 100 and q.oldest(0) == failed
-    q.done(failed)
-    last = q.oldest(0)
-    assert last is not None
-    q.done(last)
-    q.put(b"e" * 100, 5, hold=True)
-    q.close()  # a clean stop with the held body unsent
+    q.put(b"F" * 100, 6, hold=True)
+    q.put(b"G" * 100, 7, hold=True)
+    q.persist()  # a post failed: both on disk, in order, before what comes next
+    q.put(b"H" * 100, 8, hold=True)
+    assert sorted(p.read_bytes()[:1] for p in q.dir.glob("*.rw")) == [b"F", b"G", b"H"]
+    item = q.oldest(0)
+    assert item is not None and q.body(item) == b"F" * 100
+    q.done(item)
+    q.close()
     again = Spool(tmp_path, max_bytes=10_000)
-    item = again.oldest(0)
-    assert again.depth == (1, 100, 5) and item is not None and again.body(item) == b"e" * 100
-    again.close()
+    assert again.depth == (2, 200, 15)
+    for want in b"GH":
+        item = again.oldest(0)
+        assert item is not None and again.body(item) == bytes([want]) * 100
+        again.done(item)
+    again.put(b"I" * 100, 9, hold=True)
+    again.close()  # a clean stop with a held body unsent: written, sent after a restart
+    third = Spool(tmp_path, max_bytes=10_000)
+    item = third.oldest(0)
+    assert third.depth == (1, 100, 9) and item is not None and third.body(item) == b"I" * 100
+    third.close()
     full = Spool(tmp_path / "full", max_bytes=150)
     full.put(b"f" * 100, 6, hold=True)
     full.put(b"g" * 100, 7, hold=True)  # the bound drops the held head: counted, no file for it
-    assert full.depth == (1, 100, 7) and full.dropped_samples == 6 and len(list(full.dir.glob("*.rw"))) == 1
+    assert full.depth == (1, 100, 7) and full.dropped_samples == 6 and not list(full.dir.glob("*.rw"))
     full.close()
 
 @pytest.mark.slow
