@@ -232,3 +232,48 @@ def test_create_app_stays_the_fastapi_app(sqlite_url) -> None:
     assert not isinstance(create_app(s), IngestFront)
     served = serving_app(s)
     assert isinstance(_front(served), IngestFront) and served.state is _front(served).app.state
+
+
+WRITE = "/api/v1/write"
+
+
+def _rw_body(t0_ms: int) -> bytes:
+    """Three scrapes of the real dcgm-exporter captures, as a snappy remote-write body."""
+    from gpufleet.collector.remote_write import wire
+    from tests.prometheus.captures import DUMPS, body, capture_series
+
+    series = [(lab, [(t0_ms + k * 15_000, v) for k in range(3)])
+              for name in DUMPS for lab, v, _ in capture_series(name, instance=f"{name[:6]}:9400")]
+    return wire.snappy(body(series))
+
+
+def test_remote_write_through_the_front_answers_as_the_route(pair, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """POST /api/v1/write taken by the front (below FastAPI's stack) answers what the Starlette
+    route answers: stored, the retry a duplicate, bad bodies and missing tokens refused; and the
+    front really took it (the route's handler broken on the front's server changes nothing)."""
+    from gpufleet.collector.remote_write import routes as rw_routes
+
+    p, fsrv, _rsrv, toks = pair
+    rw = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
+          "X-Prometheus-Remote-Write-Version": "0.1.0", **bearer(toks["agent"])}
+    now_ms = int(time.time() * 1000)
+    bodies = {"front": _rw_body(now_ms - 120_000), "route": _rw_body(now_ms - 60_000)}  # other rows, same shape
+
+    async def refuse(*args: object) -> None:
+        raise AssertionError("the Starlette remote-write endpoint ran")
+
+    for attempt in range(2):  # the first stores, the very same bytes again store nothing
+        with monkeypatch.context() as m:
+            m.setattr(rw_routes, "handle_write", refuse)  # what the route looks up; the front holds its own
+            a = p.front.post(WRITE, content=bodies["front"], headers=rw)
+        b = p.route.post(WRITE, content=bodies["route"], headers=rw)
+        assert shape(a) == shape(b) and a.status_code == 200, (a.text, b.text)
+        assert a.json()["stored"] == (18 if attempt == 0 else 0)
+        assert (a.json()["duplicate_batches"] > 0) == (attempt == 1)
+    assert p.same("POST", WRITE, content=b"not snappy", headers=rw)[0] == 400
+    no_token = {k: v for k, v in rw.items() if k != "Authorization"}
+    assert p.same("POST", WRITE, content=bodies["front"], headers=no_token)[:2] == (
+        401, {"detail": "missing bearer token; create one with `gpufleet token create`"})
+    assert p.same("GET", WRITE, headers=rw)[0] == 405  # other methods stay FastAPI's
+    front = _front(fsrv.app)
+    assert front.handled_writes == 4 and front.handled == 0
