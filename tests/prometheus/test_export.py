@@ -155,7 +155,15 @@ def test_the_c_pass_writes_the_numpy_paths_bytes() -> None:
     from gpufleet.collector.export.encode import _NATIVE
 
     if _NATIVE is None:
-        pytest.skip("the C pass is not built (setup.py build_ext --inplace): the numpy path encodes")
+        import shutil
+        import sysconfig
+
+        # Where it can be built (a compiler and the Python headers), not built is a broken install,
+        # not a skip: the benches and a user's collector would silently take the slow path.
+        header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+        assert not (shutil.which("cc") and header.exists()), \
+            "a C compiler is here but the export's C pass is not built: pip install -e . (or build_ext --inplace)"
+        pytest.skip("no C compiler here: the numpy path encodes (same bytes)")
     rng = np.random.default_rng(11)
 
     def src(node: str, gpus: int, seconds: int, t0: float, jobs: list[str | None]) -> RowSource:
