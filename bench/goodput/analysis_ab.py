@@ -39,7 +39,6 @@ from features_bench import fold_pool, job_meta
 from throughput import fleet
 
 from gpufleet.analysis import config, features, report
-from gpufleet.analysis.runner import PASS_CHUNK
 
 
 def load_package(path: Path, name: str) -> ModuleType:
@@ -72,14 +71,11 @@ def _pass(features_mod: Any, report_mod: Any, th: Any, build_many: Any, sizes: l
         return [report_mod.analyze(job_meta(report_mod.JobMeta, j, s, t0),
                                    features_mod.from_states(rows, list(range(s))), h, th=th, first_ts=t0, last_ts=last)
                 for j, (s, (rows, h)) in enumerate(zip(sizes, jobs, strict=True))]
-    out = []
-    for c in range(0, len(sizes), PASS_CHUNK):  # the runner's chunks: built together, then analyzed
-        built = build_many([(rows, list(range(s))) for s, (rows, _) in zip(
-            sizes[c:c + PASS_CHUNK], jobs[c:c + PASS_CHUNK], strict=True)], th.general.window_s,
-            th.general.min_window_coverage)
-        out += [report_mod.analyze(job_meta(report_mod.JobMeta, j, sizes[j], t0), b.feats, jobs[j][1], th=th,
-                                   first_ts=t0, last_ts=last, windows=b.windows) for j, b in enumerate(built, start=c)]
-    return out
+    built = build_many([(rows, list(range(s))) for s, (rows, _) in zip(sizes, jobs, strict=True)],
+                       th.general.window_s, th.general.min_window_coverage)
+    return [report_mod.analyze(job_meta(report_mod.JobMeta, j, s, t0), b.feats, h, th=th, first_ts=t0, last_ts=last,
+                               windows=b.windows)
+            for j, (s, b, (_, h)) in enumerate(zip(sizes, built, jobs, strict=True))]
 
 
 def main(argv: list[str] | None = None) -> int:
