@@ -221,9 +221,9 @@ def _analyze_chunk(engine: Engine, pks: list[int], now: float, th: Thresholds, c
     for pk in pks:
         for attempt in range(2):
             try:
-                read = _read_job(engine, pk, cache, s)
-                if read is not None:
-                    due[pk] = read
+                got = _read_job(engine, pk, cache, s)
+                if got is not None:
+                    due[pk] = got
                 break
             except OperationalError as e:  # a lock timed out: once more
                 if attempt:
@@ -233,16 +233,17 @@ def _analyze_chunk(engine: Engine, pks: list[int], now: float, th: Thresholds, c
                 s.errors.append(f"job {pk}: {type(e).__name__}: {e}")
                 cache.drop((_db_key(engine), pk))
                 break
-    todo = [(d, d.build) for d in due.values() if d.build is not None]
-    ws, cov = th.general.window_s, th.general.min_window_coverage
+    todo = [d for d in due.values() if d.build is not None]
     try:
-        built = build_many([b for _, b in todo], ws, cov)
-    except Exception:  # some job's rows: build each on its own, so only that one fails
+        built = build_many([d.build for d in todo if d.build is not None], th.general.window_s,
+                           th.general.min_window_coverage)
+    except Exception:  # one job's rows: each on its own, so only that one fails
         built = None
-    for i, (d, b) in enumerate(todo):
+    for i, d in enumerate(todo):
         try:
-            one = built[i] if built is not None else build_many([b], ws, cov)[0]
-            d.st.feats, d.windows = one.feats, one.windows
+            b = built[i] if built is not None else build_many([d.build], th.general.window_s,  # type: ignore[list-item]
+                                                             th.general.min_window_coverage)[0]
+            d.st.feats, d.windows = b.feats, b.windows
             cache.put(d.key, d.st)
         except Exception as e:
             log.exception("analysis of job %s failed", d.pk)
@@ -250,9 +251,9 @@ def _analyze_chunk(engine: Engine, pks: list[int], now: float, th: Thresholds, c
             cache.drop(d.key)
             del due[d.pk]
     for pk in pks:
-        job = due.get(pk)
-        if job is not None:
-            _analyze_due(engine, job, now, th, cache, s)
+        d = due.get(pk)
+        if d is not None:
+            _analyze_due(engine, d, now, th, cache, s)
         if on_job_done is not None:
             on_job_done(pk)
 

@@ -57,9 +57,8 @@ def test_built_together_equals_built_alone() -> None:
     ws, cov = th.general.window_s, th.general.min_window_coverage
     jobs: list[tuple[np.ndarray, list[int]]] = []
     hists = []
-    specs = [(4, 1800, 1.0, False)] * 4 + [(4, 1800, 2.0, False)] + [(2, 1500, 1.0, False)] * 3 + [
-        (3, 1800, 60.0, False)] * 3 + [(4, 1800, 1.0, True), (5, 900, 2.0, False), (1, 3600, 1.0, False),
-                                       (1, 3600, 1.0, False)]
+    specs = [(4, 1800, 1.0, False)] * 4 + [(4, 1800, 2.0, False)] + [(2, 1500, 1.0, False)] * 3 + [(3, 1800, 60.0, False)] * 3 + [
+        (4, 1800, 1.0, True), (5, 900, 2.0, False), (1, 3600, 1.0, False), (1, 3600, 1.0, False)]
     for seed, (g, secs, step, drop) in enumerate(specs):
         rows, h = _job(seed, g, secs, step, drop)
         jobs.append((rows, list(range(1, g + 1))))
