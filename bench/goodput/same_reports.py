@@ -171,15 +171,6 @@ def _finding(f: Any) -> dict[str, Any]:
             "windows": np.asarray(f.windows, dtype=bool).astype(int).tolist()}
 
 
-def _states_features(jobs: list[tuple[np.ndarray, list[int]]], th: Any) -> list[tuple[Any, Any]]:
-    """Each job's (features, windows or None) from its states, as this tree's runner builds them."""
-    try:
-        from gpufleet.analysis.batch import build_many
-    except ImportError:  # a tree from before analysis.batch
-        return [(from_states(rows, pks), None) for rows, pks in jobs]
-    return [(b.feats, b.windows) for b in build_many(jobs, th.general.window_s, th.general.min_window_coverage)]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=250)
@@ -189,34 +180,26 @@ def main(argv: list[str] | None = None) -> int:
     th = load_thresholds()
     rng = np.random.default_rng(a.seed)
     kinds: Counter[str] = Counter()
-    jobs: list[tuple[Any, ...]] = []
-    for j in range(a.jobs):
-        t0 = 1_790_000_000.0 + float(rng.integers(0, 3600))
-        g, ts, gpu, cols, events, info = make_job(rng, t0)
-        running = bool(rng.random() < 0.7)
-        workload = None if rng.random() < 0.6 else WorkloadClass(str(rng.choice(["training", "serving", "hpc"])),
-                                                                  "bench")
-        meta = JobMeta(job_id=str(j), start_ts=t0 - float(rng.choice([0.0, 30.0])),
-                       end_ts=None if running else float(ts.max()) + 1, running=running,
-                       gpu_uuids=[f"GPU-{j}-{k}" for k in range(g)],
-                       gpu_nodes=[f"n{j}-{(k if rng.random() < 0.1 else k // 8)}" for k in range(g)],
-                       gpu_indexes=[k % 8 for k in range(g)], model=MODELS[j % len(MODELS)], workload=workload)
-        f = fold(ts, gpu, np.zeros(len(ts), np.int64), cols)
-        rows = np.column_stack([{"bucket": f.bucket, "gpu_pk": f.gpu_pk, **f.cols}[c] for c in READ_COLUMNS])
-        tot = f.hist.sum(axis=0)
-        hist = {name: tot[k * HIST_BINS:(k + 1) * HIST_BINS] for k, name in enumerate(HIST_FIELDS)}
-        jobs.append((g, ts, gpu, cols, events, info, meta, rows, hist))
-    # The states path as the runner takes it: all jobs' features built together where the tree
-    # can (analysis.batch; an older tree: from_states per job).
-    states = _states_features([(rows, list(range(g))) for g, *_, rows, _ in jobs], th)
     with a.out.open("w") as out:
-        for j, ((g, ts, gpu, cols, events, info, meta, _, hist), (feats, windows)) in enumerate(
-                zip(jobs, states, strict=True)):
+        for j in range(a.jobs):
+            t0 = 1_790_000_000.0 + float(rng.integers(0, 3600))
+            g, ts, gpu, cols, events, info = make_job(rng, t0)
+            running = bool(rng.random() < 0.7)
+            workload = None if rng.random() < 0.6 else WorkloadClass(str(rng.choice(["training", "serving", "hpc"])),
+                                                                      "bench")
+            meta = JobMeta(job_id=str(j), start_ts=t0 - float(rng.choice([0.0, 30.0])),
+                           end_ts=None if running else float(ts.max()) + 1, running=running,
+                           gpu_uuids=[f"GPU-{j}-{k}" for k in range(g)],
+                           gpu_nodes=[f"n{j}-{(k if rng.random() < 0.1 else k // 8)}" for k in range(g)],
+                           gpu_indexes=[k % 8 for k in range(g)], model=MODELS[j % len(MODELS)], workload=workload)
             first, last = float(ts.min()), float(ts.max())
-            for path, feats_p, h, w in (("states", feats, hist, windows),
-                                        ("raw", features_for(th, ts, gpu, cols, g), histograms(cols), None)):
-                kw = {} if w is None else {"windows": w}
-                got = analyze(meta, feats_p, h, th=th, events=events, first_ts=first, last_ts=last, **kw)
+            f = fold(ts, gpu, np.zeros(len(ts), np.int64), cols)
+            rows = np.column_stack([{"bucket": f.bucket, "gpu_pk": f.gpu_pk, **f.cols}[c] for c in READ_COLUMNS])
+            tot = f.hist.sum(axis=0)
+            hist = {name: tot[k * HIST_BINS:(k + 1) * HIST_BINS] for k, name in enumerate(HIST_FIELDS)}
+            for path, feats, h in (("states", from_states(rows, list(range(g))), hist),
+                                   ("raw", features_for(th, ts, gpu, cols, g), histograms(cols))):
+                got = analyze(meta, feats, h, th=th, events=events, first_ts=first, last_ts=last)
                 kinds.update(x.kind for x in got.findings if path == "states")
                 out.write(json.dumps({"job": j, "path": path, "info": info, "report": got.report,
                                       "score": got.goodput_score, "wasted": got.wasted_gpu_hours,
