@@ -12,9 +12,7 @@ the reports must be byte-identical. The per-job-size lines show the per-job cons
 The fleet and its samples are bench/goodput/throughput.py's. Not timed: making the samples and
 folding them into states (storage.minute_features.fold: the collector's work at ingest, shown
 separately) and the database read (runner_bench.py measures that). Timed per job, CPU of one
-core: raw -> features_for + histograms -> analyze per job, and the pass as the runner takes it:
-all jobs' states -> analysis.batch.build_many (features and windows together), then each job's
-hist -> analyze."""
+core: raw -> features_for + histograms -> analyze, and states -> from_states + hist -> analyze."""
 
 from __future__ import annotations
 
@@ -35,10 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from throughput import fleet
 
-from gpufleet.analysis.batch import build_many
 from gpufleet.analysis.config import load_thresholds
 from gpufleet.analysis.detectors import features_for
-from gpufleet.analysis.features import HIST_BINS, HIST_FIELDS, READ_COLUMNS, histograms
+from gpufleet.analysis.features import HIST_BINS, HIST_FIELDS, READ_COLUMNS, from_states, histograms
 from gpufleet.analysis.report import JobMeta, analyze
 from gpufleet.storage.minute_features import fold
 
@@ -88,37 +85,27 @@ def main(argv: list[str] | None = None) -> int:
     same = 0
     rows_total = 0
     by_size: dict[int, list[float]] = {}
-    # The features path as the runner takes it: the pass's features and windows built for all
-    # jobs at once (analysis.batch), then each job analyzed; per pass, the whole fleet's CPU.
-    job_states = [states[(s, j % len(pool[s]))] for j, s in enumerate(sizes)]
-    metas = [job_meta(JobMeta, j, s, t0) for j, s in enumerate(sizes)]
-    pass_cpu: list[float] = []
-    build_cpu: list[float] = []
-    analyses: list[Any] = []
-    per_job = [[] for _ in sizes]  # analyze CPU per job, per pass
-    for _ in range(max(1, a.repeat)):
-        c1 = time.process_time()
-        built = build_many([(rows, list(range(s))) for (rows, _), s in zip(job_states, sizes, strict=True)],
-                           th.general.window_s, th.general.min_window_coverage)
-        build_cpu.append(time.process_time() - c1)
-        analyses = []
-        for j, (b, (_, h)) in enumerate(zip(built, job_states, strict=True)):
-            c2 = time.process_time()
-            analyses.append(analyze(metas[j], b.feats, h, th=th, first_ts=t0, last_ts=t0 + a.seconds - 1,
-                                    windows=b.windows))
-            per_job[j].append(time.process_time() - c2)
-        pass_cpu.append(time.process_time() - c1)
+    pass_cpu = [0.0] * max(1, a.repeat)  # the whole fleet's features CPU, per pass
     out = a.reports_out.open("w") if a.reports_out else None
     for j, s in enumerate(sizes):
         v = j % len(pool[s])
         ts, gpu, cols = pool[s][v]
+        meta = job_meta(JobMeta, j, s, t0)
         c0 = time.process_time()
-        ref = None if a.features_only else analyze(metas[j], features_for(th, ts, gpu, cols, s), histograms(cols),
-                                                   th=th, first_ts=t0, last_ts=t0 + a.seconds - 1)
-        raw_cpu += time.process_time() - c0
-        got = analyses[j]
-        by_size.setdefault(s, []).append(float(np.median(per_job[j])))
-        rows_total += len(job_states[j][0])
+        ref = None if a.features_only else analyze(meta, features_for(th, ts, gpu, cols, s), histograms(cols), th=th,
+                                                   first_ts=t0, last_ts=t0 + a.seconds - 1)
+        c_raw = time.process_time()
+        rows, h = states[(s, v)]
+        passes = []
+        for _ in range(max(1, a.repeat)):
+            c1 = time.process_time()
+            got = analyze(meta, from_states(rows, list(range(s))), h, th=th, first_ts=t0, last_ts=t0 + a.seconds - 1)
+            passes.append(time.process_time() - c1)
+        raw_cpu += c_raw - c0
+        for k, t in enumerate(passes):
+            pass_cpu[k] += t
+        by_size.setdefault(s, []).append(float(np.median(passes)))
+        rows_total += len(rows)
         flags = [(x.kind, x.scope) for x in got.findings]
         if out:
             out.write(json.dumps([got.report, flags], sort_keys=True) + "\n")
@@ -136,8 +123,6 @@ def main(argv: list[str] | None = None) -> int:
           + f"goal <= 1.5 s for 10,000 GPUs = {1e3 * 1.5 / len(sizes) * total / 10_000:.2f} ms per job here)")
     if len(pass_cpu) > 1:
         print(f"  median of {len(pass_cpu)} passes; each: {', '.join(f'{t:.2f}' for t in pass_cpu)} s")
-    print(f"  features and windows of all jobs built together (analysis.batch): {float(np.median(build_cpu)):.2f} s; "
-          "then each job's analysis:")
     for s in sorted(by_size):
         js = by_size[s]
         print(f"  {s:3d}-GPU jobs: {len(js):4d}, {1e3 * sum(js) / len(js):6.2f} ms CPU per job, "
