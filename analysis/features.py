@@ -305,23 +305,6 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return np.where(den > 0, num / np.maximum(den, 1), np.nan)
 
 
-def state_values(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every feature's value per state row, as one (features, rows) array in ``ALL_FEATURES``
-    order, and the rows' sample counts, first and last sample times (views of ``data``).
-    The ratios (means, busy share, while-busy means, throttle share) in one call over all of
-    them: the same division per element as one call each (and over many jobs' rows at once,
-    analysis.batch, the same as one job's)."""
-    cols = data.T
-    vals = np.empty((len(ALL_FEATURES), len(data)))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        vals[_MEANS_AT] = _ratio(cols[_MEANS_NUM], cols[_MEANS_DEN])
-        vals[_BUSY_AT] = _ratio(cols[_BUSY_NUM], cols[_BUSY_DEN])
-    vals[_COPY_AT] = cols[_COPY_FROM]
-    vals[_AT["trans"]] = np.where(cols[_COL["nsm"]] > 1, cols[_COL["trans"]], np.nan)
-    vals[_AT["reasons_or"]] = np.where(cols[_COL["nrb"]] > 0, cols[_COL["reasons_or"]], np.nan)
-    return vals, cols[_COL["n"]], cols[_COL["first_ts"]], cols[_COL["last_ts"]]
-
-
 def from_states(data: np.ndarray, gpu_pks: list[int]) -> MinuteFeatures:
     """MinuteFeatures from stored ingest-fold states (rows of ``READ_COLUMNS``, as
     ``storage.minute_features.read_states`` returns them), GPUs in ``gpu_pks`` order. The same
@@ -338,8 +321,18 @@ def from_states(data: np.ndarray, gpu_pks: list[int]) -> MinuteFeatures:
     srt = np.argsort(order, kind="stable")
     gi = srt[np.searchsorted(order[srt], data[:, col["gpu_pk"]].astype(np.int64))]
     mi = minute - b0
-    vals, _, _, _ = state_values(data)
+
+    # Every feature's row values in one (features, rows) array, then one scatter into one
+    # (features, G, M) block: the ratios (means, busy share, while-busy means, throttle share)
+    # in one call over all of them, the same division per element as one call each.
     cols = data.T
+    vals = np.empty((len(ALL_FEATURES), len(data)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        vals[_MEANS_AT] = _ratio(cols[_MEANS_NUM], cols[_MEANS_DEN])
+        vals[_BUSY_AT] = _ratio(cols[_BUSY_NUM], cols[_BUSY_DEN])
+    vals[_COPY_AT] = cols[_COPY_FROM]
+    vals[_AT["trans"]] = np.where(cols[col["nsm"]] > 1, cols[col["trans"]], np.nan)
+    vals[_AT["reasons_or"]] = np.where(cols[col["nrb"]] > 0, cols[col["reasons_or"]], np.nan)
     if len(data) == g * m_total and bool((gi.reshape(m_total, g) == np.arange(g)).all()) \
             and bool((mi.reshape(m_total, g) == np.arange(m_total)[:, None]).all()):
         # Every GPU in every minute, rows in (minute, GPU) order (as read_states reads a job

@@ -16,7 +16,7 @@ from .config import Thresholds, load_thresholds
 from .detectors import Finding, JobContext, JobView, run_detectors
 from .detectors.base import CounterMinutes, MinuteSignals
 from .features import HIST_FIELDS, MinuteFeatures, hist_quantiles
-from .windows import Windows, build_windows, nz
+from .windows import build_windows, nz
 from .workload import WorkloadClass, from_pattern
 
 MFU_BASIS = "tensor_active x peak dense bf16 (estimate)"
@@ -66,11 +66,9 @@ def _weighted_mean(x: np.ndarray, n: np.ndarray, n_pos: np.ndarray | None = None
 
 def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *,
             th: Thresholds | None = None, events: list[tuple[float, int | None, str, int | None]] | None = None,
-            first_ts: float | None = None, last_ts: float | None = None, fabric: Any = None,
-            windows: Windows | None = None) -> JobAnalysis:
+            first_ts: float | None = None, last_ts: float | None = None, fabric: Any = None) -> JobAnalysis:
     """The report and findings for one job. ``first_ts``/``last_ts``: its first and last
-    sample (default: the edges of the minutes with data). ``windows``: ``feats``' windows
-    built already (analysis.batch builds a pass's jobs' at once), else built here."""
+    sample (default: the edges of the minutes with data)."""
     th = th or load_thresholds()
     g = len(meta.gpu_uuids)
     if first_ts is None or last_ts is None:
@@ -91,8 +89,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     job: JobView | None = None
     abstained: dict[str, str] = {}
     if feats.n.size and feats.n.sum() > 0:
-        w = windows if windows is not None else build_windows(feats, th.general.window_s,
-                                                              th.general.min_window_coverage)
+        w = build_windows(feats, th.general.window_s, th.general.min_window_coverage)
         if ctx.workload_class is None:
             inferred = from_pattern(w.f.busy_frac, w.valid)
             if inferred is not None:

@@ -25,14 +25,12 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from gpufleet.storage.minute_features import HIST_SPAN_S, READ_COLUMNS, read_hist, read_states
 from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport, Node
 
-from .batch import build_many
 from .collectives.load import load_fabric
 from .config import Thresholds, load_thresholds
-from .features import HIST_BINS, HIST_FIELDS, MinuteFeatures
+from .features import HIST_BINS, HIST_FIELDS, MinuteFeatures, from_states
 from .progress.flags import run_progress_pass
 from .report import JobAnalysis, JobMeta, analyze
 from .state import CACHE, JobState, StateCache
-from .windows import Windows
 from .workload import classify
 
 log = logging.getLogger(__name__)
@@ -102,8 +100,23 @@ def run_analysis(engine: Engine, *, now: float | None = None, job_pks: list[int]
             with engine.connect() as conn:
                 job_pks = due_jobs(conn)
         s.jobs_due = len(job_pks)
-        for c in range(0, len(job_pks), PASS_CHUNK):
-            _analyze_chunk(engine, job_pks[c:c + PASS_CHUNK], now, th, cache, s, on_job_done)
+        for pk in job_pks:
+            for attempt in range(2):
+                try:
+                    _analyze_one(engine, pk, now, th, cache, s)
+                    break
+                except (IntegrityError, OperationalError) as e:
+                    # A concurrent analyzer inserted the same report/flag, or a lock timed
+                    # out: the retry sees its rows and updates them.
+                    if attempt:
+                        s.errors.append(f"job {pk}: {type(e).__name__}: {e}")
+                except Exception as e:
+                    log.exception("analysis of job %s failed", pk)
+                    s.errors.append(f"job {pk}: {type(e).__name__}: {e}")
+                    cache.drop((_db_key(engine), pk))
+                    break
+            if on_job_done is not None:
+                on_job_done(pk)
         if job_pks_given is None:  # the periodic pass: the jobs' own progress too (docs/progress.md)
             pp = run_progress_pass(engine, now)
             s.errors.extend(pp.errors)
@@ -160,23 +173,22 @@ def _read_changed(conn: Connection, job_pk: int, st: JobState) -> int:
     return nrows
 
 
-def _to_build(st: JobState, allocated: set[int], changed: bool) -> tuple[np.ndarray, list[int]] | None:
-    """The job's kept rows and GPUs (those that reported, in pk order, then the allocated ones
-    that never did: they are allocated time) when its MinuteFeatures must be rebuilt (None:
-    the state's still hold; an empty state is set here). Depends only on the rows, so a warm
-    state and a cold read build the same arrays."""
+def _build(st: JobState, allocated: set[int], changed: bool) -> None:
+    """The job's MinuteFeatures from every kept row: GPUs that reported, in pk order, then the
+    allocated ones that never did (they are allocated time). Depends only on the rows, so
+    a warm state and a cold read build the same arrays."""
     data = np.concatenate([st.chunks[h] for h in sorted(st.chunks)]) if st.chunks else np.zeros((0, 2))
     reporting = sorted(set(data[:, 1].astype(np.int64).tolist())) if len(data) else []
     gpu_pks = reporting + sorted(allocated - set(reporting))
     if not changed and gpu_pks == st.gpu_pks:
-        return None
+        return
     st.gpu_pks = gpu_pks
     if not len(data):
         st.feats, st.first_ts, st.last_ts = MinuteFeatures.empty(len(gpu_pks)), None, None
-        return None
+        return
+    st.feats = from_states(data, gpu_pks)
     st.first_ts = float(data[:, _FIRST_TS].min())
     st.last_ts = float(data[:, _LAST_TS].max())
-    return data, gpu_pks
 
 
 _FIRST_TS, _LAST_TS = READ_COLUMNS.index("first_ts"), READ_COLUMNS.index("last_ts")
@@ -194,91 +206,27 @@ def _events(conn: Connection, gpu_row: dict[int, int], t0: float, t1: float) -> 
     return [(float(r[0]), gpu_row.get(r[1]), r[2], r[3]) for r in conn.execute(q)]
 
 
-PASS_CHUNK = 64  # jobs read, then built together (analysis.batch), then analyzed and written one by one
-
-
-@dataclass
-class _Due:
-    """One job read for this pass: what its analysis and its write need."""
-
-    pk: int
-    key: tuple[str, int]
-    st: JobState
-    meta: JobMeta
-    job: Any  # its jobs row
-    events: list[EventRow]
-    fabric: Any
-    build: tuple[np.ndarray, list[int]] | None  # rows and GPUs to rebuild its features from
-    windows: Windows | None = None
-
-
-def _analyze_chunk(engine: Engine, pks: list[int], now: float, th: Thresholds, cache: StateCache,
-                   s: AnalysisSummary, on_job_done: Callable[[int], None] | None) -> None:
-    """Read each job (its own transaction), build the features of all of them at once
-    (analysis.batch: one set of array operations instead of one small one per job), then
-    analyze and write each job in its own transaction."""
-    due: dict[int, _Due] = {}
-    for pk in pks:
-        for attempt in range(2):
-            try:
-                got = _read_job(engine, pk, cache, s)
-                if got is not None:
-                    due[pk] = got
-                break
-            except OperationalError as e:  # a lock timed out: once more
-                if attempt:
-                    s.errors.append(f"job {pk}: {type(e).__name__}: {e}")
-            except Exception as e:
-                log.exception("analysis of job %s failed", pk)
-                s.errors.append(f"job {pk}: {type(e).__name__}: {e}")
-                cache.drop((_db_key(engine), pk))
-                break
-    todo = [d for d in due.values() if d.build is not None]
-    try:
-        built = build_many([d.build for d in todo if d.build is not None], th.general.window_s,
-                           th.general.min_window_coverage)
-    except Exception:  # one job's rows: each on its own, so only that one fails
-        built = None
-    for i, d in enumerate(todo):
-        try:
-            b = built[i] if built is not None else build_many([d.build], th.general.window_s,  # type: ignore[list-item]
-                                                             th.general.min_window_coverage)[0]
-            d.st.feats, d.windows = b.feats, b.windows
-            cache.put(d.key, d.st)
-        except Exception as e:
-            log.exception("analysis of job %s failed", d.pk)
-            s.errors.append(f"job {d.pk}: {type(e).__name__}: {e}")
-            cache.drop(d.key)
-            del due[d.pk]
-    for pk in pks:
-        d = due.get(pk)
-        if d is not None:
-            _analyze_due(engine, d, now, th, cache, s)
-        if on_job_done is not None:
-            on_job_done(pk)
-
-
-def _read_job(engine: Engine, job_pk: int, cache: StateCache, s: AnalysisSummary) -> _Due | None:
-    """The job's rows, GPUs, events and fabric, read in one transaction (None: no such job, or
-    no samples yet)."""
+def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache: StateCache,
+                 s: AnalysisSummary) -> None:
     key = (_db_key(engine), job_pk)
     jt = Job.__table__
     with engine.begin() as conn:
         job = conn.execute(select(jt).where(jt.c.id == job_pk)).mappings().first()
         if job is None:
             cache.drop(key)
-            return None
+            return
         st = cache.get(key) or JobState(gpu_pks=[], feats=MinuteFeatures.empty(0))
         nrows = _read_changed(conn, job_pk, st)
         s.rows_read += nrows
         reporting = {int(p) for c in st.chunks.values() for p in np.unique(c[:, 1]).tolist()}
         gpus = _job_gpus(conn, job_pk, reporting)
         # GPUs allocated but never reporting still count: they are allocated time.
-        build = _to_build(st, set(gpus) | reporting, nrows > 0)
+        _build(st, set(gpus) | reporting, nrows > 0)
         cache.put(key, st)
+        running = job["state"] == "running"
         models = Counter(m for (_, _, m, _) in gpus.values() if m)
         meta = JobMeta(
-            job_id=job["job_id"], start_ts=job["start_ts"], end_ts=job["end_ts"], running=job["state"] == "running",
+            job_id=job["job_id"], start_ts=job["start_ts"], end_ts=job["end_ts"], running=running,
             gpu_uuids=[gpus.get(p, (f"gpu-pk-{p}", -1, None, "?"))[0] for p in st.gpu_pks],
             gpu_nodes=[gpus.get(p, ("", -1, None, "?"))[3] for p in st.gpu_pks],
             gpu_indexes=[int(gpus.get(p, ("", -1, None, "?"))[1]) for p in st.gpu_pks],
@@ -288,45 +236,20 @@ def _read_job(engine: Engine, job_pk: int, cache: StateCache, s: AnalysisSummary
                               labels=job["labels"] if isinstance(job["labels"], dict) else None),
         )
         if st.first_ts is None:
-            return None  # no samples yet
+            return  # no samples yet
         events = _events(conn, {p: i for i, p in enumerate(st.gpu_pks)}, st.first_ts, st.last_ts or st.first_ts)
         fabric = load_fabric(conn, job_pk)  # NCCL collectives and NICs (docs/nccl.md)
-        return _Due(job_pk, key, st, meta, job, events, fabric, build)
-
-
-def _analyze_due(engine: Engine, d: _Due, now: float, th: Thresholds, cache: StateCache,
-                 s: AnalysisSummary) -> None:
-    st, job = d.st, d.job
-    try:
-        res = analyze(d.meta, st.feats, st.hist(), th=th, events=d.events, first_ts=st.first_ts, last_ts=st.last_ts,
-                      fabric=d.fabric, windows=d.windows)
-    except Exception as e:
-        log.exception("analysis of job %s failed", d.pk)
-        s.errors.append(f"job {d.pk}: {type(e).__name__}: {e}")
-        cache.drop(d.key)
-        return
-    s.jobs_analyzed += 1
-    analyzed_until = float(st.last_ts or 0.0)
-    if job["state"] != "running" and job["end_ts"] is not None:
-        analyzed_until = max(analyzed_until, float(job["end_ts"]))
-    for attempt in range(2):
-        try:
-            with engine.begin() as conn:
-                changed = _write_report(conn, d.pk, res, analyzed_until, now)
-                changed |= _sync_flags(conn, d.pk, res, now, s)
-            if changed:
-                s.reports_written += 1 if changed & 1 else 0
-                s.job_pks_changed.append(d.pk)
-            return
-        except (IntegrityError, OperationalError) as e:
-            # A concurrent analyzer inserted the same report/flag, or a lock timed out: the
-            # retry sees its rows and updates them.
-            if attempt:
-                s.errors.append(f"job {d.pk}: {type(e).__name__}: {e}")
-        except Exception as e:
-            log.exception("writing the analysis of job %s failed", d.pk)
-            s.errors.append(f"job {d.pk}: {type(e).__name__}: {e}")
-            return
+        res = analyze(meta, st.feats, st.hist(), th=th, events=events, first_ts=st.first_ts, last_ts=st.last_ts,
+                      fabric=fabric)
+        s.jobs_analyzed += 1
+        analyzed_until = float(st.last_ts or 0.0)
+        if not running and job["end_ts"] is not None:
+            analyzed_until = max(analyzed_until, float(job["end_ts"]))
+        changed = _write_report(conn, job_pk, res, analyzed_until, now)
+        changed |= _sync_flags(conn, job_pk, res, now, s)
+        if changed:
+            s.reports_written += 1 if changed & 1 else 0
+            s.job_pks_changed.append(job_pk)
 
 
 def _write_report(conn: Connection, job_pk: int, res: JobAnalysis, analyzed_until: float, now: float) -> int:

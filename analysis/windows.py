@@ -157,10 +157,7 @@ BY_SAMPLES = ("sm", "occ", "tensor", "dram", "gpu_util", "fp32", "fp64", "power"
 BY_BUSY = ("busy_sm", "clock_busy", "throttle_frac")
 
 
-def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float,
-                  interval: np.ndarray | None = None) -> Windows:
-    """The job's (G x K) windows. ``interval``: (G, 1) sample interval per GPU row instead of
-    ``feats.interval_s`` (many jobs' GPUs stacked as one: analysis.batch)."""
+def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float) -> Windows:
     w = max(1, round(window_s / 60))
     n = feats.n
     f = feats.f
@@ -185,7 +182,7 @@ def build_windows(feats: MinuteFeatures, window_s: float, min_coverage: float,
         ors |= bits[..., j]
     out["throttle_reasons"] = ors.astype(np.float64)
     out["fb_used_max"], out["fb_total"] = wmax(np.array([f["fb_used_max"], f["fb_total"]]), w)
-    obs = np.minimum(n_sum * (feats.interval_s if interval is None else interval), w * 60.0)
+    obs = np.minimum(n_sum * feats.interval_s, w * 60.0)
     valid = obs >= min_coverage * w * 60.0
     seen = dict(zip(BY_SAMPLES, (valid & ~np.isnan(by_samples)).any(axis=-1), strict=True))
     return Windows(w_min=w, b0=feats.b0, k=obs.shape[1], obs_s=obs, valid=valid, f=WindowFeatures(**out), seen=seen)
