@@ -197,8 +197,9 @@ class Encoder:
         if self.native:  # the same bytes in one C pass: the labels per (GPU, field), the rest from the arrays
             every = np.ascontiguousarray(every, np.float64)
             labels = [self._group_labels(srcs[k], u, j) for k, u, j in groups]
-            body, count = _NATIVE.encode(every, every.shape[1], self._rows_i64, order, bounds,  # type: ignore[union-attr]
-                                         ts_ms, labels)
+            native = _NATIVE
+            assert native is not None  # self.native is True only where the C pass imported
+            body, count = native.encode(every, every.shape[1], self._rows_i64, order, bounds, ts_ms, labels)
             return body, count
         vals = (every if self._all_fields else every[self._rows])[:, order]  # (exported fields, n)
         nf, n = vals.shape
