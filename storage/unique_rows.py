@@ -34,10 +34,9 @@ from sqlalchemy import Connection
 
 from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.pg_arrays import pg_array, query_prepared
-from gpufleet.storage.raw_read import RawSamples, read_raw
+from gpufleet.storage.raw_read import read_raw
 from gpufleet.storage.rollups import BUCKET_S
 from gpufleet.storage.sample_codec import first_present
-from gpufleet.storage.write_cache import BoundedDict
 
 
 @dataclass(slots=True)
@@ -60,12 +59,8 @@ class NewRows:
     stored_vals: np.ndarray
 
 
-def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, vals: np.ndarray,
-             known: StoredMinutes | None = None) -> NewRows:
-    """Which rows (and fields) of the write ``ts``/``gpu_pk``/``vals`` (NF, n) to store.
-    ``known``: the writing process's memory of stored timestamps per GPU-minute
-    (``WriteCache.stored_minutes``; see ``_fully_known``), updated with this write's rows; the
-    caller clears it when the transaction fails."""
+def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, vals: np.ndarray) -> NewRows:
+    """Which rows (and fields) of the write ``ts``/``gpu_pk``/``vals`` (NF, n) to store."""
     n = len(ts)
     keep = np.ones(n, bool)
     order = np.lexsort((ts, gpu_pk))  # stable: equal keys stay in input order
@@ -86,60 +81,11 @@ def new_rows(conn: Connection, ts: np.ndarray, gpu_pk: np.ndarray, vals: np.ndar
     b = np.floor(t / BUCKET_S) * BUCKET_S
     starts = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (b[1:] != b[:-1])])
     overlap = _overlapping(conn, g[starts], b[starts], t[starts])
-    ends = np.r_[starts[1:], n]
-    read = _fully_known(overlap, known, g, b, t, starts, ends) if known is not None and overlap else overlap
-    st: RawSamples | None = None
-    if read:
-        brought, st = _against_stored(conn, out, ts, gpu_pk, read, brought)
+    if overlap:
+        brought = _against_stored(conn, out, ts, gpu_pk, overlap, brought)
     if brought is not None:
         out.counted = np.asarray(brought.any(axis=0))
-    if known is not None:
-        _remember(known, out, g, b, t, starts, ends, read, st)
     return out
-
-
-# (gpu_pk, minute bucket) -> timestamps this process knows are stored there (a subset of them)
-StoredMinutes = BoundedDict[tuple[int, float], set[float]]
-
-
-def _fully_known(overlap: list[tuple[int, float, int]], known: StoredMinutes, g: np.ndarray, b: np.ndarray,
-                 t: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, float, int]]:
-    """The overlapping GPU-minutes that still need a read. A minute needs none when this process
-    knows every stored row of it and none of the new rows is at one of their timestamps: what
-    ``known`` holds is a subset of the minute's stored timestamps (only committed writes' rows
-    are remembered: the caller clears it after a failed transaction), and the rollup's ``n``
-    counts every stored row (supplements add none, a race only counts one twice), so ``n`` equal
-    to the remembered count means the subset is all of them. Anything else, whoever wrote it
-    (another collector process, an import), is read as before: a miss costs a read, never a
-    skipped duplicate."""
-    at = {(int(gg), float(bb)): i for i, (gg, bb) in enumerate(zip(g[starts].tolist(), b[starts].tolist(),
-                                                                  strict=True))}
-    out = []
-    for gg, bb, cnt in overlap:
-        mem = known.get((gg, bb))
-        i = at[gg, bb]
-        if mem is None or len(mem) != cnt or not mem.isdisjoint(t[starts[i]:ends[i]].tolist()):
-            out.append((gg, bb, cnt))
-    return out
-
-
-def _remember(known: StoredMinutes, out: NewRows, g: np.ndarray, b: np.ndarray, t: np.ndarray, starts: np.ndarray,
-              ends: np.ndarray, read: list[tuple[int, float, int]], st: RawSamples | None) -> None:
-    """``known`` after this write commits: per GPU-minute of its rows, the timestamps stored
-    there as far as this process knows them (what a read of the minute found, else what it
-    remembered) plus the rows this write stores as new."""
-    kept = out.keep[out.order]  # (sorted like g, b, t)
-    was_read = {(gg, bb) for gg, bb, _ in read}
-    found: dict[tuple[int, float], set[float]] = {}
-    if st is not None and len(st):
-        sb = np.floor(st.ts / BUCKET_S) * BUCKET_S
-        for gg, bb, tt in zip(st.gpu_pk.tolist(), sb.tolist(), st.ts.tolist(), strict=True):
-            found.setdefault((gg, bb), set()).add(tt)
-    for a, e, gg, bb in zip(starts.tolist(), ends.tolist(), g[starts].tolist(), b[starts].tolist(), strict=True):
-        key = (int(gg), float(bb))
-        mem = found.get(key, set()) if key in was_read else set(known.get(key, ()))
-        mem.update(t[a:e][kept[a:e]].tolist())
-        known[key] = mem
 
 
 def _coalesce_copies(out: NewRows, again: np.ndarray) -> np.ndarray:
@@ -162,23 +108,21 @@ def _coalesce_copies(out: NewRows, again: np.ndarray) -> np.ndarray:
 
 
 def _against_stored(conn: Connection, out: NewRows, ts: np.ndarray, gpu_pk: np.ndarray,
-                    overlap: list[tuple[int, float, int]], brought: np.ndarray | None
-                    ) -> tuple[np.ndarray | None, RawSamples]:
+                    overlap: list[tuple[int, float]], brought: np.ndarray | None) -> np.ndarray | None:
     """Rows (of ``keep``) that a stored row of an overlapping GPU-minute already holds: all
-    their fields stored -> dropped; some new -> a supplement of those fields. Also returns
-    what was read (whole minutes: every overlapping GPU-minute's stored rows are in it)."""
-    og = sorted({gg for gg, _, _ in overlap})
-    lo, hi = min(bb for _, bb, _ in overlap), max(bb for _, bb, _ in overlap) + BUCKET_S
+    their fields stored -> dropped; some new -> a supplement of those fields."""
+    og = sorted({gg for gg, _ in overlap})
+    lo, hi = min(bb for _, bb in overlap), max(bb for _, bb in overlap) + BUCKET_S
     st = read_raw(conn, gpu_pks=og, t0=lo, t1=hi)  # coalesced: one row per stored (GPU, ts)
     if not len(st):
-        return brought, st
+        return brought
     where = {k: i for i, k in enumerate(zip(st.gpu_pk.tolist(), st.ts.tolist(), strict=True))}
     rows = np.flatnonzero(out.keep & np.isin(gpu_pk, og))
     hit = [(r, where.get(k)) for r, k in zip(rows.tolist(), zip(gpu_pk[rows].tolist(), ts[rows].tolist(),
                                                                   strict=True), strict=True)]
     pairs = [(r, i) for r, i in hit if i is not None]
     if not pairs:
-        return brought, st
+        return brought
     r = np.array([p[0] for p in pairs], np.int64)
     i = np.array([p[1] for p in pairs], np.int64)
     sv = st.vals[:, i]
@@ -198,7 +142,7 @@ def _against_stored(conn: Connection, out: NewRows, ts: np.ndarray, gpu_pk: np.n
     out.supp_vals = np.where(new_fields[:, has_new], out.vals[:, out.supp], np.nan)
     out.supp_job = st.job_pk[i[has_new]]
     out.stored_vals = sv[:, has_new]
-    return brought, st
+    return brought
 
 
 def _spread_to_copies(out: NewRows, head_mask: np.ndarray) -> np.ndarray:
@@ -213,19 +157,19 @@ def _spread_to_copies(out: NewRows, head_mask: np.ndarray) -> np.ndarray:
 
 
 def _overlapping(conn: Connection, gpus: np.ndarray, buckets: np.ndarray, first_ts: np.ndarray
-                 ) -> list[tuple[int, float, int]]:
-    """(gpu_pk, bucket, n) of the GPU-minutes whose stored rollup row's last_ts is not before
-    the new rows' first ts there: the only ones that can hold a copy (``n``: its rows)."""
+                 ) -> list[tuple[int, float]]:
+    """(gpu_pk, bucket) of the GPU-minutes whose stored rollup row's last_ts is not before the
+    new rows' first ts there: the only ones that can hold a copy."""
     if is_postgres(conn):
         # Binary array parameters and a prepared plan: this runs in every group commit, and
         # dumping three Python lists as text arrays cost more than the query itself.
-        q = ("SELECT r.gpu_pk, r.bucket, r.n FROM unnest(%s::int4[], %s::float8[], %s::float8[]) AS k(g, b, t) "
+        q = ("SELECT r.gpu_pk, r.bucket FROM unnest(%s::int4[], %s::float8[], %s::float8[]) AS k(g, b, t) "
              "JOIN gpu_samples_1m r ON r.gpu_pk = k.g AND r.bucket = k.b WHERE k.t <= r.last_ts")
         rows = query_prepared(conn, q, [pg_array(gpus, integer=True), pg_array(buckets, integer=False),
                                         pg_array(first_ts, integer=False)])
-        return [(int(g), float(b), int(n)) for g, b, n in rows]
-    q = ("SELECT r.gpu_pk, r.bucket, r.n FROM (SELECT json_extract(value, '$[0]') AS g, "
-         "json_extract(value, '$[1]') AS b, json_extract(value, '$[2]') AS t FROM json_each(?)) AS k "
+        return [(int(g), float(b)) for g, b in rows]
+    q = ("SELECT r.gpu_pk, r.bucket FROM (SELECT json_extract(value, '$[0]') AS g, json_extract(value, '$[1]') AS b, "
+         "json_extract(value, '$[2]') AS t FROM json_each(?)) AS k "
          "JOIN gpu_samples_1m r ON r.gpu_pk = k.g AND r.bucket = k.b WHERE k.t <= r.last_ts")
     arg = msgspec.json.encode(list(zip(gpus.tolist(), buckets.tolist(), first_ts.tolist(), strict=True))).decode()
-    return [(int(g), float(b), int(n)) for g, b, n in conn.exec_driver_sql(q, (arg,)).all()]
+    return [(g, b) for g, b in conn.exec_driver_sql(q, (arg,)).all()]

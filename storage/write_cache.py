@@ -91,10 +91,6 @@ class WriteCache:
     # gpu_pk -> (open allocation's job_pk or None, its start, when read from the database)
     allocs: BoundedDict[int, tuple[int | None, float, float]] = field(
         default_factory=lambda: BoundedDict(MAX_GPUS))
-    # (gpu_pk, minute bucket) -> raw timestamps known stored there (unique_rows.new_rows: a
-    # late row of a minute whose every stored row is known needs no read of the stored blocks)
-    stored_minutes: BoundedDict[tuple[int, float], set[float]] = field(
-        default_factory=lambda: BoundedDict(MAX_GPUS * 4))
 
     def clear(self) -> None:
         self.clusters.clear()
@@ -104,4 +100,3 @@ class WriteCache:
         self.job_times.clear()
         self.node_seen.clear()
         self.allocs.clear()
-        self.stored_minutes.clear()
