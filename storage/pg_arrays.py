@@ -1,4 +1,4 @@
-"""Binary PostgreSQL array parameters built with numpy (``pg_array``, ``pg_float_arrays``)
+"""Binary PostgreSQL array parameters built with numpy (``pg_array``, ``pg_float_values``)
 and the protocol-level prepared statement that sends them (``execute_prepared``).
 
 Why: formatting every rollup value as text (repr + join) was the largest Python cost of a
@@ -77,14 +77,6 @@ def pg_array(a: np.ndarray, *, integer: bool) -> _PgArray:
     keep[nan, 4:] = False
     body = np.frombuffer(rec.tobytes(), dtype=np.uint8).reshape(n, 4 + size)[keep].tobytes()
     return (_Int4Array if integer else _Float8Array)(struct.pack(">iiIii", 1, 1, oid, n, 1) + body)
-
-
-def pg_float_arrays(mat: np.ndarray) -> list[_PgArray]:
-    """``pg_array(row, integer=False)`` for every row of ``mat``: the rows without NaN (most
-    rollup columns) are encoded by one numpy pass and sliced, instead of one call each."""
-    nan_rows = np.isnan(mat).any(axis=1).tolist()
-    plain = pg_float_values(mat)
-    return [pg_array(mat[j], integer=False) if nan_rows[j] else plain[j] for j in range(len(plain))]
 
 
 def pg_float_values(mat: np.ndarray) -> list[_PgArray]:
