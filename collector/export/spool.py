@@ -150,10 +150,6 @@ class Spool:
                 return
         item.path.unlink(missing_ok=True)
 
-    def still_queued(self, item: Item) -> bool:
-        with self._mu:
-            return item in self._items
-
     @property
     def depth(self) -> tuple[int, int, int]:
         """(files, bytes, samples) waiting."""
