@@ -125,9 +125,12 @@ class Sender:
         try:
             try:
                 resp = self.client.post(self.url, content=body, headers=headers)
-            except httpx.RemoteProtocolError:
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                 # The server closed a kept-alive connection just as we reused it: not an outage.
-                # Retry once on a fresh connection; the Idempotency-Key makes a repeat harmless.
+                # A close shows as "disconnected without sending a response", or, when our body
+                # was still unread in its socket, as a reset (ECONNRESET on read, EPIPE on
+                # write). Retry once on a fresh connection; the Idempotency-Key makes a repeat
+                # harmless. Connect errors and timeouts are not retried here: those are outages.
                 resp = self.client.post(self.url, content=body, headers=headers)
         except httpx.HTTPError as e:
             return Result(Outcome.FAILED, None, f"{type(e).__name__}: {e}")

@@ -6,7 +6,9 @@ server that closes connections without answering, real httpx."""
 from __future__ import annotations
 
 import logging
+import re
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +25,13 @@ OK = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r
 
 class Dropper:
     """Accepts connections; the first ``drops`` of them are closed after the request arrives,
-    without a response (what a server does to an idle keep-alive connection); later ones get 200."""
+    without a response (what a server does to an idle keep-alive connection); later ones get 200.
+    ``reset`` closes them with an RST instead (SO_LINGER 0), what a server that closes with our
+    body still unread in its socket sends: the client sees ECONNRESET, not a clean close."""
 
-    def __init__(self, drops: int) -> None:
+    def __init__(self, drops: int, reset: bool = False) -> None:
         self.drops = drops
+        self.reset = reset
         self.requests: list[bytes] = []
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -42,15 +47,32 @@ class Dropper:
             except OSError:
                 return
             with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
+                data = self._read_request(conn)
                 self.requests.append(data)
                 if len(self.requests) > self.drops:
                     conn.sendall(OK)
+                elif self.reset:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> bytes:
+        # Read the whole request, body included, so a plain close is a clean FIN every time;
+        # closing with bytes unread would make the kernel send an RST, the other case.
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        want = int(m.group(1)) if m else 0
+        while len(body) < want:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return head + b"\r\n\r\n" + body
 
     def close(self) -> None:
         self.sock.close()
@@ -58,7 +80,8 @@ class Dropper:
 
 @pytest.fixture
 def dropper(request: pytest.FixtureRequest) -> Iterator[Dropper]:
-    d = Dropper(request.param)
+    drops, reset = request.param if isinstance(request.param, tuple) else (request.param, False)
+    d = Dropper(drops, reset)
     yield d
     d.close()
 
@@ -69,7 +92,7 @@ def _sender(tmp_path: Path, url: str) -> Sender:
     return Sender(spool, url, token="tok", backoff_base_s=0.5, backoff_max_s=4.0)
 
 
-@pytest.mark.parametrize("dropper", [1], indirect=True)
+@pytest.mark.parametrize("dropper", [1, (1, True)], indirect=True, ids=["closed", "reset"])
 def test_one_dropped_connection_is_retried_quietly(tmp_path: Path, dropper: Dropper,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     s = _sender(tmp_path, dropper.url)
