@@ -198,15 +198,26 @@ def redis_url() -> Iterator[str]:
 # --- a real HTTP server -------------------------------------------------------------------
 
 class LiveServer:
-    def __init__(self, app: object, port: int) -> None:
+    """The app under uvicorn in a thread. Without ``port`` it listens on a socket bound here
+    (port 0) and handed to uvicorn: a port picked by ``free_port`` and released until uvicorn
+    binds it can be taken meanwhile (any outgoing connection's ephemeral port), and the
+    server then never starts. ``port`` is for a test that restarts a server on the same one."""
+
+    def __init__(self, app: object, port: int | None = None) -> None:
         import uvicorn
 
+        self.sock: socket.socket | None = None
+        if port is None:
+            self.sock = socket.socket()
+            self.sock.bind(("127.0.0.1", 0))
+            port = int(self.sock.getsockname()[1])
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.app = app
         cfg = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(cfg)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        sockets = [self.sock] if self.sock is not None else None
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, daemon=True)
 
     def start(self) -> LiveServer:
         self.thread.start()
@@ -220,6 +231,8 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(15)
+        if self.sock is not None:
+            self.sock.close()
 
 
 # Short names tests use for the settings they change most, -> (section, field).
@@ -261,7 +274,7 @@ def live_server() -> Iterator[Callable[..., LiveServer]]:
 
         settings.setdefault("allow_anonymous", True)
         s = make_settings(database_url, **settings)
-        srv = LiveServer(serving_app(s) if front else create_app(s), free_port()).start()
+        srv = LiveServer(serving_app(s) if front else create_app(s)).start()
         started.append(srv)
         return srv
 

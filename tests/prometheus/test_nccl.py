@@ -16,7 +16,7 @@ from gpufleet.collector.remote_write import wire
 from gpufleet.collector.remote_write.mapping import RateState, SeriesMap, SnapshotState, convert
 from gpufleet.storage import tokens
 from gpufleet.storage.db import make_engine
-from tests.conftest import LiveServer, free_port, make_settings
+from tests.conftest import LiveServer, make_settings
 from tests.nccl.fabric_model import Fabric, TrainingJob, prom_text
 from tests.prometheus.captures import body, exposition_series
 from tests.prometheus.procs import FakeExporter, start_prometheus
@@ -197,7 +197,7 @@ def test_real_prometheus_forwards_inspector_series_stored_once_per_collective(da
     token = tokens.create_token(e, "prometheus", "agent", cluster="default")
     from gpufleet.server import serving_app
 
-    srv = LiveServer(serving_app(make_settings(database_url, allow_anonymous=False)), free_port()).start()
+    srv = LiveServer(serving_app(make_settings(database_url, allow_anonymous=False))).start()
     snaps = _snapshots(_job(), 8)
     ep = FakeExporter("", page=_inspector_page(snaps))
     prom = start_prometheus(tmp_path, f"""
