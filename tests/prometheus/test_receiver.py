@@ -18,7 +18,17 @@ from tests.prometheus.rwclient import post, stored, stored_values
 T0 = int(time.time() * 1000) - 60_000
 
 
-def _fleet(t0: int = T0, steps: int = 3) -> bytes:
+@pytest.fixture(autouse=True)
+def _fresh_t0() -> None:
+    """T0 (ms) a minute before each test, not before the module's collection: in a long suite
+    run a collection-time T0 is older than the collector's cutoffs (STALE_JOB_S ends the jobs)
+    by the time a test posts it."""
+    global T0
+    T0 = int(time.time() * 1000) - 60_000
+
+
+def _fleet(t0: int | None = None, steps: int = 3) -> bytes:
+    t0 = T0 if t0 is None else t0
     series = []
     for name in DUMPS:
         for lab, v, _ in capture_series(name, instance=f"{name[:6]}:9400"):
