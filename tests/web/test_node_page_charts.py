@@ -62,10 +62,15 @@ def test_node_page_draws_per_gpu_charts_events_and_jobs(web: tuple[Page, Seeded]
     assert "ended" in ended and "running" not in ended
     p.shot("node-page")
 
+    # wait for the refetch itself: a JS condition on len(series) would hold the count the
+    # f-string read before the request event arrived (then it never turns true, or is true
+    # before the refetch)
     before = len(series)
-    pg.locator("#node-range button", has_text="6 h").click()
+    with pg.expect_response(lambda r: "/timeseries" in r.url and "start=-21600s" in r.url) as refetch:
+        pg.locator("#node-range button", has_text="6 h").click()
+    assert refetch.value.ok
     pg.wait_for_function("() => document.querySelector('#node-range button.on').textContent === '6 h'")
-    pg.wait_for_function(f"() => window.__gpufleet.plots.length === 4 && {len(series)} > {before}")
+    pg.wait_for_function("() => window.__gpufleet.plots.length === 4")
     assert any("start=-21600s" in u for u in series[before:]), series
     assert p.errors == [] and foreign == []
 
