@@ -33,4 +33,8 @@ packages, package_dir = _packages()
 # The export encoder's C pass (collector/export/_encode_c.c): optional, so a box without a C
 # compiler installs and runs on encode.py's numpy path (byte-identical bodies, more CPU).
 encode_c = Extension("gpufleet.collector.export._encode_c", ["collector/export/_encode_c.c"], optional=True)
-setup(packages=packages, package_dir=package_dir, ext_modules=[encode_c])
+# The remote-write decoder's C pass (collector/remote_write/_decode_c.c): optional the same way
+# (wire.py's Python decoder reads the same series and refuses the same bodies).
+decode_c = Extension("gpufleet.collector.remote_write._decode_c", ["collector/remote_write/_decode_c.c"],
+                     optional=True)
+setup(packages=packages, package_dir=package_dir, ext_modules=[encode_c, decode_c])

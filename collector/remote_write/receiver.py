@@ -147,9 +147,15 @@ class Receiver:
         # Alloy keep the snappy block), and they are ~13x fewer to hash than the decompressed.
         digest = hashlib.blake2b(body, digest_size=12, person=b"gpufleet-rw", key=cluster.encode()[:64]).hexdigest()
         conv: Conversion | None = None
-        # A steady-state body (known series, one sample each) is converted over whole arrays;
-        # anything else, or what the columnar path declines, the general way.
-        cols = wire.scan_single_samples(raw, None)  # convert_columnar checks the keys are known
+        # The body read once by the C pass where it is built (wire.scan; None: the Python
+        # decoder's turn). A steady-state body (known series, one sample each) is converted over
+        # whole arrays; anything else, or what the columnar path declines, the general way.
+        try:
+            scanned = wire.scan(raw)
+        except ProtocolError as e:
+            return answer(400, str(e))
+        # (convert_columnar checks the keys are known)
+        cols = scanned.single_samples() if scanned is not None else wire.scan_single_samples(raw, None, native=False)
         if cols is not None:
             with self._lock:
                 conv = convert_columnar(cols, self.series, self.slots, self.rates, cluster=cluster, digest=digest,
@@ -157,7 +163,7 @@ class Receiver:
                                         max_rows=max_rows)
         if conv is None:
             try:
-                req = wire.decode(raw, self.series.known)
+                req = scanned.request() if scanned is not None else wire.decode(raw, self.series.known, native=False)
             except ProtocolError as e:
                 return answer(400, str(e))
             with self._lock:  # the series map and the rate state are shared by concurrent requests

@@ -19,6 +19,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import cramjam
 import numpy as np
@@ -98,12 +99,16 @@ def _skip(buf: bytes, pos: int, wire: int) -> int:
     raise ProtocolError(f"unsupported protobuf wire type {wire} at offset {pos}")
 
 
-def decode(raw: bytes, known: Container[bytes] = ()) -> WriteRequest:
+def decode(raw: bytes, known: Container[bytes] = (), *, native: bool = True) -> WriteRequest:
     """A decompressed WriteRequest body; ProtocolError (400: never retried, the bytes will not
-    change) names the offset of what is malformed. ``known``: label encodings seen before
-    (the receiver's series cache); a series made of one of them and a single sample is read
-    from its last 18 bytes without walking its labels (what nearly every series of a
-    Prometheus request is: one sample per series per send)."""
+    change) names the offset of what is malformed. Read by the C pass (``scan``) where it is
+    built and ``native``, else (and where the C pass leaves a body to Python) by the Python
+    decoder below: the same series, samples, metadata and errors either way. ``known``: label
+    encodings seen before (the receiver's series cache); the Python decoder reads a series made
+    of one of them and a single sample from its last 18 bytes without walking its labels (what
+    nearly every series of a Prometheus request is: one sample per series per send)."""
+    if native and (scanned := scan(raw)) is not None:
+        return scanned.request()
     try:
         return _decode(raw, known)
     except ProtocolError as e:
@@ -112,6 +117,73 @@ def decode(raw: bytes, known: Container[bytes] = ()) -> WriteRequest:
         raise ProtocolError("malformed WriteRequest protobuf: truncated") from None
     except struct.error:
         raise ProtocolError("malformed WriteRequest protobuf: truncated inside a sample value") from None
+
+
+# --- the optional C pass (_decode_c.c) -------------------------------------------------------
+
+def _load_native() -> ModuleType | None:
+    """The C pass (_decode_c.c, built by setup.py where a C compiler is): the body's series,
+    samples and metadata as columns in one walk of its bytes, where the Python decoder costs a
+    few Python operations per field; None where it was not built (Python then decodes)."""
+    try:
+        from . import _decode_c
+    except ImportError:
+        return None
+    return _decode_c
+
+
+_NATIVE = _load_native()
+
+
+@dataclass(slots=True)
+class Scanned:
+    """A whole body as the C pass reads it: series ``i`` is ``keys[i]`` (its label bytes, as
+    ``Series.key``) with samples ``first[i]:first[i + 1]`` of ``ts_ms`` / ``values`` and
+    ``histograms[i]`` native histograms."""
+
+    keys: list[bytes]
+    first: np.ndarray  # int64, len(keys) + 1
+    ts_ms: np.ndarray  # int64
+    values: np.ndarray  # float64
+    histograms: np.ndarray  # int64, len(keys)
+    metadata: dict[str, int]
+    single: bool  # every series has one sample and no histogram
+
+    def single_samples(self) -> SingleSamples | None:
+        """The columnar path's columns, when this is its case (series of one sample each, no
+        metadata: ``scan_single_samples``'s answer, whatever the samples' byte layout)."""
+        if not self.single or self.metadata or not self.keys:
+            return None
+        return SingleSamples(self.keys, self.ts_ms, self.values)
+
+    def request(self) -> WriteRequest:
+        """The same body as ``decode``'s objects (the general conversion's input)."""
+        pairs = list(zip(self.ts_ms.tolist(), self.values.tolist(), strict=True))
+        first = self.first.tolist()
+        hist = self.histograms.tolist()
+        return WriteRequest([Series(k, pairs[first[i]:first[i + 1]], hist[i]) for i, k in enumerate(self.keys)],
+                            dict(self.metadata))
+
+
+def scan(raw: bytes) -> Scanned | None:
+    """``raw`` read by the C pass; ProtocolError where it is malformed (the Python decoder's
+    message, for the same first fault); None where the C pass is not built or leaves the body
+    to the Python decoder (a label after a series' samples, a length of 2**48 or more, a varint
+    of 2**64 or more where a number is kept: valid protobuf that no sender writes)."""
+    if _NATIVE is None:
+        return None
+    try:
+        got = _NATIVE.scan(raw)
+    except ValueError as e:
+        raise ProtocolError(f"malformed WriteRequest protobuf: {e}") from None
+    if got is None:
+        return None
+    keys, first, ts, values, hist, meta, single = got
+    metadata: dict[str, int] = {}
+    for name, kind in meta:  # (in body order: the last entry of a family wins, as in _metadata)
+        metadata[name.decode("utf-8", "replace")] = kind
+    return Scanned(keys, np.frombuffer(first, dtype=np.int64), np.frombuffer(ts, dtype=np.int64),
+                   np.frombuffer(values, dtype=np.float64), np.frombuffer(hist, dtype=np.int64), metadata, single)
 
 
 def _decode(raw: bytes, known: Container[bytes]) -> WriteRequest:
@@ -336,12 +408,24 @@ class SingleSamples:
     values: np.ndarray  # float64
 
 
-def scan_single_samples(raw: bytes, known: Container[bytes] | None) -> SingleSamples | None:
+def scan_single_samples(raw: bytes, known: Container[bytes] | None, *, native: bool = True) -> SingleSamples | None:
     """``raw`` as columns when every top-level field is a series of known labels and one sample
     in the canonical layout (``_decode``'s fast path), else None: the caller then decodes it
     the general way, which also names what is malformed. ``known`` None: the caller checks
-    that every key is a known label encoding (``columnar.Slots.ids``). Only the series boundaries are found
-    in Python; the layout checks, timestamps and values are read for all series at once."""
+    that every key is a known label encoding (``columnar.Slots.ids``). With the C pass
+    (``native`` and built): ``scan``'s columns, any sample layout. Without it: only the series
+    boundaries are found in Python; the layout checks, timestamps and values are read for all
+    series at once."""
+    if native and _NATIVE is not None:
+        try:
+            scanned = scan(raw)
+        except ProtocolError:
+            return None  # (decode says what is malformed)
+        if scanned is not None:
+            cols = scanned.single_samples()
+            if cols is not None and known is not None and not all(map(known.__contains__, cols.keys)):
+                return None
+            return cols
     buf = np.frombuffer(raw, dtype=np.uint8)
     found = _series_bounds(buf)
     if found is not None:
