@@ -5,7 +5,10 @@ It is the only code that writes telemetry; ingest, import and tests all go throu
 
 The order of one write, and the module doing each step:
 1. dimensions every batch needs, even a duplicate (``dimensions``: clusters, nodes);
-2. the idempotency ledger decides which batches are new (``ledger``);
+2. the idempotency ledger decides which batches are new (``ledger``), then, on PostgreSQL, a
+   transaction-scoped advisory lock per (node, day) the new batches cover, in sorted order
+   (``row_locks``): a concurrent writer of the same rows (a remote-write sender's shards) waits
+   here for this one's commit, so step 4 reads what it stored;
 3. nodes seen, GPUs, jobs (``dimensions``), with the checks that need the database's view, and
    the jobs' sample times (``jobs.touch_jobs``: every job row a write locks, it locks here);
 4. the rows of all new batches as one set of arrays, less the (GPU, ts) samples already
@@ -44,6 +47,7 @@ from gpufleet.storage.prepared import BatchResult, Prepared, WriteResult
 from gpufleet.storage.progress_writes import write_progress_section
 from gpufleet.storage.raw_samples import insert_samples
 from gpufleet.storage.rollups import rollup, upsert_rollup
+from gpufleet.storage.row_locks import lock_node_days
 from gpufleet.storage.unique_rows import new_rows
 from gpufleet.storage.write_cache import WriteCache
 
@@ -106,6 +110,9 @@ def write_batches(conn: Connection, batches: Sequence[Prepared], now: float, cac
     active = _new_batches(conn, preps, node_pks, now, results)
     if not active:
         return WriteResult([r for r in results if r is not None])
+    # Before any read of stored rows (unique_rows) and any dimension row lock: a writer of the
+    # same node-day waits here, holding only its ledger keys, until this transaction commits.
+    lock_node_days(conn, preps, active, node_pks)
 
     mark_nodes_seen(conn, preps, active, node_pks, now, cache)
     gids = gpu_ids(conn, preps, active, node_pks, now, cache)
