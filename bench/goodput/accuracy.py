@@ -53,6 +53,21 @@ def _one(args: tuple[object, float]) -> tuple[str, str, list[str], float, float,
             res.goodput_score, baseline(d))
 
 
+# The worker processes' plan: a job holds its Profile, whose ``fn`` may be a closure (the
+# simulator's fabric jobs), which does not pickle. Each worker builds the same plan from the
+# seeds once (plan_jobs is deterministic) and is sent indexes into it.
+_PLAN: list[object] = []
+
+
+def _init_worker(seeds: range, max_minutes: float) -> None:
+    _PLAN[:] = plan_jobs(seeds, min_minutes=40, max_minutes=max_minutes)
+
+
+def _one_of_plan(args: tuple[int, float]) -> tuple[str, str, list[str], float, float, int, float | None, list[str]]:
+    i, interval = args
+    return _one((_PLAN[i], interval))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="4 seeds, shorter jobs")
@@ -63,14 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true", help="list every misclassified job")
     a = ap.parse_args(argv)
     seeds = range(a.first_seed, a.first_seed + (4 if a.quick else a.seeds))
-    plan = plan_jobs(seeds, min_minutes=40, max_minutes=70 if a.quick else 100)
+    max_minutes = 70 if a.quick else 100
+    plan = plan_jobs(seeds, min_minutes=40, max_minutes=max_minutes)
     t0 = time.perf_counter()
-    work = [(j, a.interval) for j in plan]
     if a.jobs > 1:
-        with ProcessPoolExecutor(a.jobs) as ex:
-            results = list(ex.map(_one, work, chunksize=2))
+        with ProcessPoolExecutor(a.jobs, initializer=_init_worker, initargs=(seeds, max_minutes)) as ex:
+            results = list(ex.map(_one_of_plan, [(i, a.interval) for i in range(len(plan))], chunksize=2))
     else:
-        results = [_one(w) for w in work]
+        results = [_one((j, a.interval)) for j in plan]
+    if [r[0] for r in results] != [j.job_id for j in plan]:  # the workers' plans are this one
+        raise RuntimeError("worker processes planned other jobs than the main process")
     wall = time.perf_counter() - t0
 
     tp: Counter[str] = Counter()
