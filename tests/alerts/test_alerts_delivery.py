@@ -122,13 +122,14 @@ def test_sent_row_is_never_sent_again(engine, fake_slack) -> None:  # type: igno
 def test_claim_abandoned_by_a_crashed_worker_is_sent_after_the_lease(engine, fake_slack) -> None:  # type: ignore[no-untyped-def]
     (oid,) = put(engine, fake_slack.url)
     now = time.time()
+    # a lease long enough that a stalled CI box still asks while it is held (0.5 s was not)
     with engine.begin() as c:  # what a worker that died between claim and POST leaves behind
         c.execute(update(T).where(T.c.id == oid).values(state="sending", claim_token="dead", attempts=1,
-                                                         claimed_until=now + 0.5))
+                                                         claimed_until=now + 1.5))
     c = cfg(fake_slack.url)
     lim = MemoryLimiter(100, 10)
     r = outbox.deliver_one(engine, oid, c, lim)
-    assert r.state == "sending" and 0 < r.retry_in <= 0.6  # someone holds the lease: wait
+    assert r.state == "sending" and 0 < r.retry_in <= 1.6  # someone holds the lease: wait
     assert fake_slack.posts == []
     time.sleep(r.retry_in)
     assert outbox.deliver_one(engine, oid, c, lim).state == "sent"
