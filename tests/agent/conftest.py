@@ -148,9 +148,9 @@ class DropAckProxy:
         self.drop = drop
         self.dropped = 0
         self.requests = 0
-        self.port = free_port()
+        self._srv = socket.create_server(("127.0.0.1", 0))  # bound here: no free_port() race
+        self.port = self._srv.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._srv = socket.create_server(("127.0.0.1", self.port))
         self._srv.settimeout(0.2)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
