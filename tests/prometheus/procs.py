@@ -12,11 +12,31 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
 
 from tests.conftest import free_port
+
+T = TypeVar("T")
+
+
+def settled(read: Callable[[], T], quiet_s: float, timeout_s: float = 60.0) -> T:
+    """``read()`` once two reads ``quiet_s`` apart agree. After its targets stop, Prometheus
+    may still append a scrape that was in flight (answered before the stop): a fixed sleep
+    raced that on a loaded box; ``quiet_s`` longer than a scrape interval plus its timeout
+    means no scrape can land after the value returned."""
+    prev = read()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        time.sleep(quiet_s)
+        cur = read()
+        if cur == prev:
+            return cur
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still changing after {timeout_s:.0f} s")
+        prev = cur
 
 
 def binary(name: str) -> str:

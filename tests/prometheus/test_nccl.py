@@ -19,7 +19,7 @@ from gpufleet.storage.db import make_engine
 from tests.conftest import LiveServer, make_settings
 from tests.nccl.fabric_model import Fabric, TrainingJob, prom_text
 from tests.prometheus.captures import body, exposition_series
-from tests.prometheus.procs import FakeExporter, start_prometheus
+from tests.prometheus.procs import FakeExporter, settled, start_prometheus
 from tests.prometheus.rwclient import post
 
 NODE = "gpu-00"
@@ -218,10 +218,11 @@ remote_write:
         while ep.scrapes < 2 * len(snaps) + 2 and time.time() < deadline:
             time.sleep(0.2)
         ep.stop()
-        time.sleep(1.5)  # the last scrapes fail: Prometheus holds no new samples from here
-        # what Prometheus holds: every (communicator, rank, coll_sn) it scraped at least once
-        held = {(s["metric"]["comm_id"], int(s["metric"]["rank"]), int(s["metric"]["coll_sn"]))
-                for s in prom.query("count_over_time(nccl_collective_exec_time_microseconds[10m])")}
+        # what Prometheus holds: every (communicator, rank, coll_sn) it scraped at least once, once
+        # its TSDB stops changing (the last scrapes fail: no new samples from there)
+        held = settled(lambda: {
+            (s["metric"]["comm_id"], int(s["metric"]["rank"]), int(s["metric"]["coll_sn"]))
+            for s in prom.query("count_over_time(nccl_collective_exec_time_microseconds[10m])")}, quiet_s=2.0)
         assert held and held <= _distinct(snaps)
         got = 0
         deadline = time.time() + 20

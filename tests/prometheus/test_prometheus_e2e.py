@@ -21,7 +21,7 @@ from gpufleet.storage import tokens
 from gpufleet.storage.db import make_engine
 from tests.conftest import LiveServer, free_port, make_settings
 from tests.prometheus.captures import capture_text
-from tests.prometheus.procs import FakeExporter, start_prometheus
+from tests.prometheus.procs import FakeExporter, settled, start_prometheus
 from tests.prometheus.rwclient import stored, stored_values
 
 pytestmark = pytest.mark.slow
@@ -119,8 +119,8 @@ def test_prometheus_remote_write_through_a_restart_loses_and_doubles_nothing(dat
         time.sleep(4)
         for x in exporters:
             x.stop()
-        time.sleep(1.5)  # the last scrapes fail: from here Prometheus holds no new GPU samples
-        expected, gauges = _expected(prom)
+        # the last scrapes fail: once its TSDB stops changing Prometheus holds no new GPU samples
+        expected, gauges = settled(lambda: _expected(prom), quiet_s=2.0)
         got: Counter[tuple[str, float]] = Counter()
         deadline = time.time() + 60  # Prometheus' retry backoff after the restart, on a loaded machine
         while time.time() < deadline:
