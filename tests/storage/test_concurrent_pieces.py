@@ -20,12 +20,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy import Engine
 
 from gpufleet.catalog import CATALOG
 from gpufleet.collector.columns import prepare
 from gpufleet.protocol import Batch
+from gpufleet.storage import row_locks
 from gpufleet.storage.db import make_engine
 from gpufleet.storage.write_cache import WriteCache
 from gpufleet.storage.writes import WriteResult, write_batches
@@ -90,10 +92,11 @@ def _main(cluster: str, start: float, seed: int = 7) -> Batch:
     return _rows(_batch(cluster, start, f"{cluster}-main", seed=seed), {0, 1})
 
 
-def _concurrently(e: Engine, first: Batch, second: Batch, cache_a: WriteCache, cache_b: WriteCache
-                  ) -> tuple[WriteResult, WriteResult]:
+def _concurrently(e: Engine, first: Batch, second: Batch, cache_a: WriteCache, cache_b: WriteCache,
+                  held: list[tuple[int, int]] | None = None) -> tuple[WriteResult, WriteResult]:
     """A writes ``first`` and holds its transaction; B writes ``second`` in a thread until
-    PostgreSQL reports it blocked by A; A commits; B finishes and commits."""
+    PostgreSQL reports it blocked by A; A commits; B finishes and commits. ``held`` gets the
+    two-int advisory keys A held meanwhile."""
     ca, cb = e.connect(), e.connect()
     try:
         pid_a = ca.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
@@ -121,6 +124,11 @@ def _concurrently(e: Engine, first: Batch, second: Batch, cache_a: WriteCache, c
                     "SELECT %(a)s = ANY(pg_blocking_pids(%(b)s))", {"a": pid_a, "b": pid_b}).scalar_one())
                 w.rollback()
                 if blocked:
+                    if held is not None:
+                        held.extend(tuple(r) for r in w.exec_driver_sql(
+                            "SELECT classid::int, objid::int FROM pg_locks WHERE locktype = 'advisory' "
+                            "AND objsubid = 2 AND pid = %(a)s AND granted ORDER BY 1, 2", {"a": pid_a}).all())
+                        w.rollback()
                     break
                 time.sleep(0.005)
         ta.commit()
@@ -141,13 +149,22 @@ def _two_caches(e: Engine, cluster: str, start: float) -> tuple[WriteCache, Writ
     return a, b
 
 
+@pytest.mark.parametrize("path", ["few-keys", "key-arrays"])
 @pytest.mark.parametrize("start", [MINUTE, MIDNIGHT], ids=["minute-boundary", "day-boundary"])
-def test_concurrent_pieces_of_a_row_store_and_fold_it_once(e: Engine, start: float) -> None:
+def test_concurrent_pieces_of_a_row_store_and_fold_it_once(e: Engine, start: float, path: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    if path == "key-arrays":  # the group commit's statement (more keys than the few-key one takes)
+        monkeypatch.setattr(row_locks, "SMALL", 0)
     _warm(e, "one", start, [])
     assert _write(e, _main("one", start)).stored == 120
     ca, cb = _two_caches(e, "two", start)
     main = _main("two", start)
-    ra, rb = _concurrently(e, _fields(main, FIRST, "two-a"), _fields(main, SECOND, "two-b"), ca, cb)
+    held: list[tuple[int, int]] = []
+    ra, rb = _concurrently(e, _fields(main, FIRST, "two-a"), _fields(main, SECOND, "two-b"), ca, cb, held)
+    with e.connect() as c:
+        node = c.exec_driver_sql("SELECT id FROM nodes WHERE name = 'node-two'").scalar_one()
+    days = sorted({int(start // 86400), int((start + 59) // 86400)})
+    assert held == [(node, d) for d in days]  # one key per (node, day), two across midnight
     assert (ra.stored, rb.stored) == (120, 120)  # every row of either piece brought fields
     one, two = _stored(e, "one"), _stored(e, "two")
     # Warm-up and pieces, each row once; raw rows, rollups, features and histograms all equal.
@@ -180,3 +197,18 @@ def test_a_piece_repeating_the_whole_row_stores_nothing(e: Engine) -> None:
     ra, rb = _concurrently(e, _fields(main, CATALOG.names, "two-a"), _fields(main, SECOND, "two-b"), ca, cb)
     assert (ra.stored, rb.stored) == (120, 0)
     assert _differences(_stored(e, "one"), _stored(e, "two")) == []
+
+
+def test_the_keys_are_the_node_days_with_rows_sorted() -> None:
+    from gpufleet.storage.prepared import Prepared
+
+    def prep(*ts: float) -> Prepared:
+        p = prepare(make_batch("n", gpus=1, seconds=1))
+        p.ts = np.array(ts)
+        return p
+
+    d = 86400.0
+    preps = [prep(5 * d + 10, 6 * d - 1), prep(6 * d + 1), prep(2 * d, 9 * d, 9 * d + 5), prep()]
+    # Batch 2 spans a week but has rows on two days only (an import chunk); batch 3 has none.
+    assert row_locks.node_days(preps, [0, 1, 2, 3], [9, 9, 4, 1]) == [(4, 2), (4, 9), (9, 5), (9, 6)]
+    assert row_locks.node_days(preps, [1], [9, 9, 4, 1]) == [(9, 6)]
