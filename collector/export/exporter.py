@@ -10,6 +10,7 @@ counted (``reason="rejected"``) instead of blocking the queue forever."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import random
@@ -102,6 +103,14 @@ def merged_sources(preps: Sequence[Any]) -> list[RowSource]:
     return out
 
 
+def name_os_thread(name: str) -> None:
+    """The calling thread's OS name (Linux ``comm``, 15 bytes): ``top -H`` and the export bench
+    (bench/remote_write/export_cost.py) then tell the export's CPU from the rest of the
+    process's. Best effort: elsewhere it stays unnamed."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name[:15])
+
+
 class Exporter:
     def __init__(self, settings: ExportSettings, queue_dir: Path) -> None:
         if not settings.url:
@@ -110,6 +119,10 @@ class Exporter:
         self.encoder = Encoder(settings.fields, settings.labels)
         self.spool = Spool(queue_dir, settings.queue_bytes)
         self.poster = Poster(settings.url, settings.timeout_s)
+        self._headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
+                         "X-Prometheus-Remote-Write-Version": "0.1.0", "User-Agent": "gpufleet-export"}
+        if settings.token:
+            self._headers["Authorization"] = f"Bearer {settings.token}"
         self._pending: deque[Any] = deque()
         self._pending_rows = 0
         # rows that fill a body: every exported field is a sample per row (fewer when NaN)
@@ -177,6 +190,7 @@ class Exporter:
             return out
 
     def _encode_loop(self) -> None:
+        name_os_thread("gf-export-enc")
         while True:
             stopping = self._stop.is_set()
             preps = self._take()
@@ -211,6 +225,7 @@ class Exporter:
     # --- sender thread -----------------------------------------------------------------
 
     def _send_loop(self) -> None:
+        name_os_thread("gf-export-send")
         backoff = self.settings.min_backoff_s
         while not self._stop.is_set():
             item = self.spool.oldest(0.5)
@@ -232,12 +247,8 @@ class Exporter:
         if body is None:  # dropped by the bound while we picked it
             self.spool.done(item)
             return None
-        headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
-                   "X-Prometheus-Remote-Write-Version": "0.1.0", "User-Agent": "gpufleet-export"}
-        if self.settings.token:
-            headers["Authorization"] = f"Bearer {self.settings.token}"
         try:
-            r = self.poster.post(body, headers)
+            r = self.poster.post(body, self._headers)
         except (OSError, http.client.HTTPException) as e:
             log.warning("export to %s: %s (retrying; %d bodies queued)", self.settings.url, e, self.spool.depth[0])
             self.spool.persist()  # they may now wait long: on disk, as the bodies behind them
