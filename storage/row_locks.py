@@ -22,6 +22,10 @@ per node (the native agent) never overlap in time; the shards of one Prometheus,
 and an import covering today for a live node, whose live writes then wait for the import's
 commit.
 
+Cost: one round trip per transaction (``bench/ingest/row_lock_cost.py``, 80-row native-agent
+batches, locked and unlocked transactions alternating): 1.6 us/row client CPU when each batch
+commits alone (an idle collector), 0.17 us/row in 50-batch group commits (docs/prometheus.md).
+
 Deadlocks: every writer takes its keys in one statement, in (node, day) order, before any other
 row lock but its ledger keys and new cluster/node rows, so no cycle runs through them; the
 collector retries a lost deadlock anyway (``storage.errors.is_transient``). SQLite needs no

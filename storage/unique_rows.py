@@ -19,10 +19,12 @@ Only a GPU-minute where new rows do not all come after ``last_ts`` (late, repeat
 data) reads raw rows, for those GPUs and that time span only: the blocks overlapping it,
 found by the (gpu_pk, t0) index, decoded with their values (which fields a stored row has).
 
-Limits (docs/protocol.md): two transactions writing the same GPU-minute concurrently do not
-see each other's rows (the readers then coalesce the two copies, the first stored value of
-each field winning, but the rollups counted both), and rows older than raw retention are not
-compared (their rollups are kept longer than their raw rows)."""
+Concurrent writers: what is read here must include every row a concurrent transaction is
+writing for the same GPU-minute, so on PostgreSQL the write takes its (node, day) advisory
+locks before this runs (``row_locks``): a second writer of the same rows waits for the first's
+commit, and these reads (each statement a new READ COMMITTED snapshot) then see its rows.
+Limit (docs/protocol.md): rows older than raw retention are not compared (their rollups are
+kept longer than their raw rows)."""
 
 from __future__ import annotations
 
