@@ -168,7 +168,10 @@ class DropAckProxy:
         with client, socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as up:
             client.settimeout(30)
             while True:
-                req = _read_http_message(client)
+                try:
+                    req = _read_http_message(client)
+                except TimeoutError:  # a kept-alive connection the agent no longer uses
+                    return
                 if req is None:
                     return
                 up.sendall(req)
