@@ -5,12 +5,14 @@ export on"), references measured side by side in the same run.
 Ingest load: bench/ingest's protocol ingest (`wrk`, 80-row batches, every catalog field,
 `gpufleet serve --workers N`, PostgreSQL). Each round runs it three times, order rotated per
 round: export off; export on to a *sink* (a minimal remote-write receiver in its own process:
-it reads, decompresses and acknowledges each body, counts its samples with a byte scan and
-fully decodes one in --decode-every to check that count, so its own cost is near zero and what
-ingest loses is the export path's cost); export on to Debian's victoria-metrics on the same box
-(the realistic receiver, which also proves the samples arrive: counted with PromQL). Reported
-per round: ingest rows/s on / off, collector CPU per request (all its processes, export threads
-included), and the receivers' CPU.
+it reads, decompresses and acknowledges each body and counts its samples by decoding it with
+rw_count.c, a C walk of the WriteRequest compiled on first use, so its own cost is small and
+what ingest loses is mostly the export path's cost); export on to Debian's victoria-metrics on
+the same box (the realistic receiver, which also proves the samples arrive: counted with
+PromQL). Reported per round: ingest rows/s on / off (the issue's measure: throughput lost),
+and beside it the CPU split per ingested field sample: the collector's processes (of it the
+export's threads, gf-export-enc and gf-export-send), PostgreSQL's (the bench's own instance),
+and the receiver's, which a deployment runs on another host but the ratio pays for here.
 
 On a production deployment the receiver is another host, so the sink configuration answers the
 issue's question; with VictoriaMetrics on the same 2 cores its ingest of the exported samples
@@ -31,20 +33,22 @@ Run:  .venv/bin/python bench/remote_write/export_cost.py [--repeat 3] [--receive
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
+import socketserver
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import cramjam
 import httpx
 
 HERE = Path(__file__).resolve().parent
@@ -61,61 +65,111 @@ PY = sys.executable
 class SinkStats:
     def __init__(self) -> None:
         self.bodies = self.bytes = self.samples = self.decoded_bodies = self.bad = 0
+        self.counter = ""
 
 
-async def _sink_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, st: SinkStats,
-                     every: int) -> None:
+def sample_counter(tmp: Path | None = None) -> tuple[str, Callable[[memoryview], int]]:
+    """How the sink counts a body's samples: by decoding it. rw_count.c (a WriteRequest walked
+    field by field, every length checked, -1 when malformed: ~0.015 us per sample), compiled
+    here with ``cc`` on first use; where no compiler is, wire.decode (~2 us per sample, which
+    the bench then shows as the sink's CPU). Not by the byte pattern of an encoded Sample: a
+    double's or a label's bytes can hold it too (one round counted offered + 1)."""
+    import ctypes
+
     from gpufleet.collector.remote_write import wire
 
+    so = Path(tmp or tempfile.mkdtemp(prefix="rwcount-")) / "rw_count.so"
     try:
+        if not so.exists():
+            subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(so), str(HERE / "rw_count.c")], check=True,
+                           capture_output=True, timeout=120)
+        lib = ctypes.CDLL(str(so))
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        return "wire.decode", lambda raw: sum(len(x.samples) for x in wire.decode(bytes(raw)).series)
+    fn = lib.rw_count
+    fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_long]
+
+    def count(raw: memoryview) -> int:  # a writable buffer's view (no copy to pass it)
+        n = int(fn(ctypes.addressof(ctypes.c_char.from_buffer(raw)), len(raw))) if len(raw) else 0
+        if n < 0:
+            raise ValueError("malformed WriteRequest")
+        return n
+
+    return "rw_count.c", count
+
+
+class _SinkHandler(socketserver.StreamRequestHandler):
+    """One keep-alive connection: requests read with a blocking buffered reader (no event loop,
+    no copies of the body but the kernel's: asyncio's stream reader cost ~0.8 ms of CPU per
+    180 KB body, more than decompressing and decoding it), bodies inflated into a reused
+    buffer and counted by decoding."""
+
+    server: _SinkServer
+    rbufsize = 1 << 20
+
+    def handle(self) -> None:
+        from gpufleet.collector.remote_write import wire
+
+        st, srv = self.server.stats, self.server
+        body = bytearray(1 << 20)
+        raw = bytearray(1 << 22)
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            line, *hdrs = head.decode("latin-1").split("\r\n")
+            line = self.rfile.readline(65537)
+            if not line:
+                return
             length = 0
-            for h in hdrs:
-                k, _, v = h.partition(":")
-                if k.strip().lower() == "content-length":
+            while (h := self.rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
+                k, _, v = h.partition(b":")
+                if k.strip().lower() == b"content-length":
                     length = int(v)
-            body = await reader.readexactly(length) if length else b""
-            if line.startswith("GET /stats"):
-                cpu = time.process_time()
-                out = json.dumps({**vars(st), "cpu_s": cpu}).encode()
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                             % (len(out), out))
-            else:
+            if length > len(body):
+                body = bytearray(length)
+            view = memoryview(body)[:length]
+            if length and self.rfile.readinto(view) != length:
+                return
+            if line.startswith(b"GET /stats"):
+                out = json.dumps({**vars(st), "cpu_s": time.process_time()}).encode()
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(out), out))
+                continue
+            with srv.lock:
                 st.bodies += 1
-                st.bytes += len(body)
-                try:
-                    raw = wire.unsnappy(body, max_size=1 << 30)
-                    # Samples counted exactly and cheaply (a C-level scan): the exporter writes
-                    # every Sample of a 1971-2109 timestamp as tag 0x12, length 16, tag 0x09 (a
-                    # byte run no printable label holds); the sampled full decodes check it.
-                    n = raw.count(b"\x12\x10\x09")
+                st.bytes += length
+            try:
+                n_raw = wire.snappy_uncompressed_length(bytes(view[:10]))
+                if n_raw > len(raw):
+                    raw = bytearray(n_raw)
+                got = cramjam.snappy.decompress_raw_into(view, raw)
+                inflated = memoryview(raw)[:got]
+                n = srv.count(inflated)  # decoded: a malformed body is counted bad, not its samples
+                check = srv.every and st.bodies % srv.every == 1 % srv.every
+                if check and sum(len(x.samples) for x in wire.decode(bytes(inflated)).series) != n:
+                    raise ValueError("rw_count and wire.decode disagree")
+                with srv.lock:
                     st.samples += n
-                    if st.bodies % every == 1 or every == 1:
-                        req = wire.decode(raw)
-                        st.decoded_bodies += 1
-                        if sum(len(x.samples) for x in req.series) != n:
-                            st.bad += 1
-                except Exception:
+                    st.decoded_bodies += bool(check)
+            except Exception:
+                with srv.lock:
                     st.bad += 1
-                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    finally:
-        writer.close()
+            self.wfile.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+
+class _SinkServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int, every: int) -> None:
+        self.stats = SinkStats()
+        self.stats.counter, self.count = sample_counter()
+        self.every = every
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", port), _SinkHandler)
 
 
 def serve_sink(port: int, every: int) -> None:
-    st = SinkStats()
-
-    async def main() -> None:
-        srv = await asyncio.start_server(lambda r, w: _sink_conn(r, w, st, every), "127.0.0.1", port)
-        async with srv:
-            await srv.serve_forever()
-
-    asyncio.run(main())
+    with _SinkServer(port, every) as srv:
+        srv.serve_forever()
 
 
 @contextlib.contextmanager
@@ -140,6 +194,25 @@ def vm_cpu_s(port: int) -> float:
         if line.startswith("process_cpu_seconds_total"):
             return float(line.split()[-1])
     return float("nan")
+
+
+def export_threads_cpu_s(sid: int) -> dict[str, float]:
+    """CPU seconds of the export's threads (named gf-export-* by collector/export/exporter.py)
+    in the server's processes (session ``sid``) by name, from /proc/<pid>/task/<tid>/stat;
+    none for a tree whose threads are unnamed."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total: dict[str, float] = {}
+    for pid, st in _ib.pg_instance.proc_stats():
+        if int(st[3]) != sid:
+            continue
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+                    if name.startswith("gf-export"):
+                        f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
+                        total[name] = total.get(name, 0.0) + (int(f[11]) + int(f[12])) / tick
+    return total
 
 
 # --- one ingest run ----------------------------------------------------------------------
@@ -168,10 +241,16 @@ def ingest(mode: str, url: str, tools: dict[str, Any], proto: Path, tpl: Any, ar
                     seconds=args.warmup, threads=args.wrk_threads, placeholder=_ib.PLACEHOLDER,
                     reverse=True)  # from the end: the measured run, from the front, never meets it
         _ib.log(f"{mode}: measuring {args.duration:.0f} s")
-        cpu0, rx0 = _ib.session_cpu_s(sid), rx_cpu()
+        pg0 = _ib.pg_instance.server_stats(url)
+        cpu0, rx0, xt0 = _ib.session_cpu_s(sid), rx_cpu(), export_threads_cpu_s(sid)
+        spies = _ib.profile_workers(sid, args.profile, args.duration, mode) if args.profile else []
         w = _ib.run_wrk(tools["wrk"], port, proto, "/api/v1/ingest", "application/msgpack", conns=args.conns,
                         seconds=args.duration, threads=args.wrk_threads, placeholder=_ib.PLACEHOLDER)
-        cpu, rx = _ib.session_cpu_s(sid) - cpu0, rx_cpu() - rx0
+        cpu, rx, xt1 = _ib.session_cpu_s(sid) - cpu0, rx_cpu() - rx0, export_threads_cpu_s(sid)
+        xt = {k: v - xt0.get(k, 0.0) for k, v in xt1.items()}
+        pg_cpu = _ib.pg_instance.stats_delta(pg0, _ib.pg_instance.server_stats(url))["cpu_s"]
+        for spy in spies:
+            spy.wait(60)
         # What must arrive: every field of every row stored (warm-up included; the template
         # bodies carry every field). The export forwards the rows a commit stored, not a
         # repeat's (collector/writer.py stored_rows), and --nodes x --windows bodies are sized
@@ -197,10 +276,16 @@ def ingest(mode: str, url: str, tools: dict[str, Any], proto: Path, tpl: Any, ar
     elapsed = w["duration_us"] / 1e6
     rows_w = w.get("stored_rows")  # what the 200s said they stored (a repeat says 0)
     rows = rows_w if rows_w is not None else ok * tpl.rows_per_batch
+    per_sample = 1e6 / max(rows * len(CATALOG.names), 1)  # CPU us per ingested (= exported) field sample
     return {"mode": mode, "requests_ok": ok, "rows_s": rows / elapsed, "db_rows": stored,
             "stored_rows_w": w.get("stored_rows"), "stored_samples": stored * len(CATALOG.names),
             "p50_ms": w["p50_us"] / 1e3, "p99_ms": w["p99_us"] / 1e3, "cpu_ms_per_req": 1e3 * cpu / max(ok, 1),
             "receiver_cpu_ms_per_req": 1e3 * rx / max(ok, 1), "arrived_samples": arrived,
+            "postgres_cpu_ms_per_req": 1e3 * pg_cpu / max(ok, 1) if pg_cpu is not None else None,
+            "us_per_sample": {"collector": cpu * per_sample, "export_threads": sum(xt.values()) * per_sample,
+                              **{k.removeprefix("gf-"): v * per_sample for k, v in xt.items()},
+                              "postgres": pg_cpu * per_sample if pg_cpu is not None else None,
+                              "receiver": rx * per_sample},
             "offered_samples": want, "drain_s": drain_s}
 
 
@@ -280,6 +365,36 @@ def report(res: dict[str, Any], receivers: list[str]) -> None:
             print(f"\nexport on ({m}): median ingest ratio {statistics.median(xs):.3f} "
                   f"({100 * (1 - statistics.median(xs)):.1f}% lost), median collector CPU per request on/off "
                   f"{statistics.median(cpu):.3f} ({statistics.median(per):+.3f} us per exported sample)")
+    # The CPU split: throughput lost (above, the issue's measure) also pays for the receiver on
+    # the same cores, which a deployment runs elsewhere; per ingested field sample, what the
+    # collector (its export threads apart) and PostgreSQL spend, export off and on, and the
+    # receiver's own CPU beside them.
+    print("\nCPU per ingested field sample (us; a run exports every sample it stores): collector (of it the "
+          "export threads) + PostgreSQL = gpufleet's; the receiver apart\n")
+    print("| round | mode | collector | export threads (encoder / sender) | PostgreSQL | collector + PostgreSQL "
+          "| receiver |")
+    print("|---|---|---|---|---|---|---|")
+
+    def gf(x: dict[str, Any]) -> float:
+        u = x["us_per_sample"]
+        return float(u["collector"] + (u["postgres"] or 0.0))
+
+    for i, r in enumerate(res["rounds"], 1):
+        for m in ["off", *receivers]:
+            u = r[m]["us_per_sample"]
+            pg = f"{u['postgres']:.3f}" if u["postgres"] is not None else "?"
+            split = f" ({u.get('export-enc', 0):.3f} / {u.get('export-send', 0):.3f})" if u["export_threads"] else ""
+            print(f"| {i} | {m} | {u['collector']:.3f} | {u['export_threads']:.3f}{split} | {pg} | {gf(r[m]):.3f} | "
+                  f"{u['receiver']:.3f} |")
+    for m in receivers:
+        med = statistics.median
+        off = med([gf(r["off"]) for r in res["rounds"]])
+        on = med([gf(r[m]) for r in res["rounds"]])
+        xt = med([r[m]["us_per_sample"]["export_threads"] for r in res["rounds"]])
+        rx = med([r[m]["us_per_sample"]["receiver"] for r in res["rounds"]])
+        print(f"\nexport on ({m}), medians per ingested field sample: collector + PostgreSQL {off:.3f} off -> "
+              f"{on:.3f} us on ({on - off:+.3f} us, {100 * (on - off) / on:.1f}% of the CPU on; export threads "
+              f"{xt:.3f} us), receiver {rx:.3f} us on the same cores")
     for m in receivers:
         short = [(i, r[m]["offered_samples"] - (r[m]["arrived_samples"] or 0)) for i, r in enumerate(res["rounds"], 1)
                  if (r[m]["arrived_samples"] or 0) < r[m]["offered_samples"]]
@@ -370,10 +485,14 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--wrk-threads", type=int, default=2)
     ap.add_argument("--receivers", default="sink,vm", help="comma list of sink, vm")
-    ap.add_argument("--decode-every", type=int, default=20, help="the sink decodes one body in N")
+    ap.add_argument("--decode-every", type=int, default=0,
+                    help="the sink also decodes one body in N with wire.decode, checking its count (0: never; "
+                         "that decoder's ~2 us per sample would be the sink's largest cost)")
     ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", "tuned"),
                     help="tuned (bench/pg_instance.py, the default), existing (the service) or a URL")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="py-spy --gil raw stacks of each server process for every measured run, into this folder")
     ap.add_argument("--micro", action="store_true", help="the export path alone, in-process (see above)")
     ap.add_argument("--ref", type=Path, default=None,
                     help="an older tree importable as gpufleet: --micro runs its exporter, the ingest rounds its "
