@@ -161,15 +161,15 @@ def test_concurrent_pieces_of_a_row_store_and_fold_it_once(e: Engine, start: flo
     main = _main("two", start)
     held: list[tuple[int, int]] = []
     ra, rb = _concurrently(e, _fields(main, FIRST, "two-a"), _fields(main, SECOND, "two-b"), ca, cb, held)
-    with e.connect() as c:
-        node = c.exec_driver_sql("SELECT id FROM nodes WHERE name = 'node-two'").scalar_one()
-    days = sorted({int(start // 86400), int((start + 59) // 86400)})
-    assert held == [(node, d) for d in days]  # one key per (node, day), two across midnight
     assert (ra.stored, rb.stored) == (120, 120)  # every row of either piece brought fields
     one, two = _stored(e, "one"), _stored(e, "two")
     # Warm-up and pieces, each row once; raw rows, rollups, features and histograms all equal.
     assert (one["raw_count"], two["raw_count"], _differences(one, two)) == (3 * 60 + 60 + 120, 360, [])
     assert [r[2] for r in one["features"]] == [r[2] for r in two["features"]]
+    with e.connect() as c:
+        node = c.exec_driver_sql("SELECT id FROM nodes WHERE name = 'node-two'").scalar_one()
+    days = sorted({int(start // 86400), int((start + 59) // 86400)})
+    assert held == [(node, d) for d in days]  # one key per (node, day), two across midnight
 
 
 def test_a_field_in_both_pieces_keeps_the_first_committed_value(e: Engine) -> None:
