@@ -56,12 +56,14 @@ async def _echo(scope, receive, send):  # type: ignore[no-untyped-def]
 
 @contextlib.contextmanager
 def _server(protocol: type, timeouts: ReadTimeouts) -> Iterator[int]:
-    port = free_port()
+    sock = socket.socket()  # bound here and handed over: no free_port() race with uvicorn's bind
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     app = BodyTimeout(_echo, timeouts)  # sets this process's header deadline too
     cfg = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol,
                          log_level="warning", lifespan="on")
     server = uvicorn.Server(cfg)
-    t = threading.Thread(target=server.run, daemon=True)
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()
     try:
         wait_port(port)
@@ -69,6 +71,7 @@ def _server(protocol: type, timeouts: ReadTimeouts) -> Iterator[int]:
     finally:
         server.should_exit = True
         t.join(10)
+        sock.close()
         set_header_timeout(ReadTimeouts().header_timeout_s)
 
 
@@ -86,6 +89,27 @@ def _closed_by_server(s: socket.socket, within: float) -> tuple[bool, bytes]:
         return False, got
     except ConnectionResetError:
         return True, got
+
+
+def _response(s: socket.socket) -> bytes:
+    """One whole response from a kept-alive connection: its head, then the body its framing
+    says (Content-Length or chunked). One recv() may return the head alone: the server writes
+    head and body separately, and under load the reader runs between the two writes."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(4096)
+        assert chunk, f"closed mid-response: {buf!r}"
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    fields = dict(ln.split(b":", 1) for ln in head.split(b"\r\n")[1:])
+    length = {k.strip().lower(): v.strip() for k, v in fields.items()}.get(b"content-length")
+    done = ((lambda b: len(b) >= int(length)) if length is not None
+            else (lambda b: b.endswith(b"0\r\n\r\n")))  # chunked: up to the last chunk
+    while not done(body):
+        chunk = s.recv(4096)
+        assert chunk, f"closed mid-body: {buf + body!r}"
+        body += chunk
+    return head + b"\r\n\r\n" + body
 
 
 def _get(port: int) -> bytes:
@@ -134,13 +158,15 @@ def test_trickling_headers_do_not_reset_the_deadline(protocol: type) -> None:
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
 def test_keep_alive_connection_gets_a_fresh_header_deadline(protocol: type) -> None:
-    with _server(protocol, ReadTimeouts(header_timeout_s=0.6)) as port, \
+    # 0.4 s idle before each request: well within 1 s even on a stalled box, 1.2 s in all
+    with _server(protocol, ReadTimeouts(header_timeout_s=1.0)) as port, \
             socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         for _ in range(3):  # three requests on one connection, each well within its deadline
-            time.sleep(0.3)
+            time.sleep(0.4)
             s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
             s.settimeout(2)
-            assert b"200 OK" in s.recv(4096)
+            r = _response(s)
+            assert r.startswith(b"HTTP/1.1 200 OK") and r.endswith((b"got 0", b"got 0\r\n0\r\n\r\n")), r
         assert _closed_by_server(s, 3)[0], "then idle past the deadline: closed"
 
 
