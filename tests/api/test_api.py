@@ -238,13 +238,16 @@ def test_readyz_reports_database_down() -> None:
     app.state.engine = make_engine(f"postgresql://postgres@127.0.0.1:{port()}/nothing",
                                    connect_args={"connect_timeout": 2})
     app.include_router(routes_ops.router)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port(), log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
+    listen = socket.socket()  # bound here and handed over: no free-port race with uvicorn's bind
+    listen.bind(("127.0.0.1", 0))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=listen.getsockname()[1], log_level="warning"))
+    th = threading.Thread(target=srv.run, kwargs={"sockets": [listen]}, daemon=True)
     th.start()
     deadline = time.time() + 20
     while not srv.started and time.time() < deadline:
         time.sleep(0.02)
     try:
+        assert srv.started, "the test server did not start"
         base = f"http://127.0.0.1:{srv.config.port}"
         r = httpx.get(f"{base}/readyz", timeout=10)
         assert r.status_code == 503 and r.json()["status"] == "unavailable"
@@ -252,6 +255,7 @@ def test_readyz_reports_database_down() -> None:
     finally:
         srv.should_exit = True
         th.join(10)
+        listen.close()
         app.state.engine.dispose()
 
 
