@@ -34,9 +34,13 @@ def _windows(profile: str, tmp: Path, minutes: float = MINUTES, job_id: str = "7
             sim[0] = t
             driver.advance(t)
             if int(t - T0) % 30 == 0:  # as an agent's cycle would, only less often (cheaper)
-                deadline = time.monotonic() + 2
-                while relay.received < driver.sent and time.monotonic() < deadline:
-                    time.sleep(0.002)  # the relay's thread folds what was sent before we close windows
+                # the relay's thread folds what was sent before we close windows; a datagram the
+                # socket took is never lost, so wait for all of it (a 2 s bound went on without it
+                # on a loaded box, and late steps fell into the next windows)
+                deadline = time.monotonic() + 60
+                while relay.received < driver.sent:
+                    assert time.monotonic() < deadline, f"relay read {relay.received} of {driver.sent} datagrams"
+                    time.sleep(0.002)
                 out += relay.drain(t)
             t += 1.0
         out += relay.drain_all()
