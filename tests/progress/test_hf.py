@@ -3,7 +3,6 @@ the relay with its sample count, construction to first step is init, a checkpoin
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -49,8 +48,9 @@ def test_hf_trainer_reports_its_steps(tmp_path: Path) -> None:
         tr = transformers.Trainer(model=Tiny(), args=args, train_dataset=Ds(), callbacks=[GpufleetProgress(r)])
         tr.train()
         r.flush()
-        wait_for(lambda: relay.events >= 20)
-        time.sleep(0.3)
+        # every event flush() sent (it returns once they are in the socket) has been folded; a
+        # fixed 0.3 s after the 20th step raced the last datagrams (checkpoints, spans) under load
+        wait_for(lambda: relay.events >= r.stats()["sent"] >= 20, 60)
         windows = relay.drain_all()
         r.shutdown()
     finally:
