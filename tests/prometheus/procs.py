@@ -99,19 +99,34 @@ class Proc:
         return r.json()["data"]["result"]
 
 
+def _on_a_port(start: Callable[[int], Proc], port: int | None) -> Proc:
+    """``start(port)``, or on a free port, picked again when the process found it taken: a
+    subprocess cannot be handed a bound socket, and free_port() releases its pick, so another
+    process can bind it first (the process then exits: address already in use)."""
+    if port is not None:
+        return start(port)
+    for attempt in range(3):
+        try:
+            return start(free_port())
+        except RuntimeError as e:
+            if attempt == 2 or "address already in use" not in str(e):
+                raise
+    raise AssertionError("unreachable")
+
+
 def start_prometheus(tmp: Path, config: str, *extra: str) -> Proc:
-    port = free_port()
     (tmp / "prometheus.yml").write_text(config)
-    return Proc([binary("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra],
-                f"http://127.0.0.1:{port}", "/-/ready", tmp / "prometheus.log")
+    return _on_a_port(lambda port: Proc(
+        [binary("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra],
+        f"http://127.0.0.1:{port}", "/-/ready", tmp / "prometheus.log"), None)
 
 
 def start_victoria_metrics(tmp: Path, *extra: str, port: int | None = None) -> Proc:
-    port = port or free_port()
-    return Proc([binary("victoria-metrics"), f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={tmp / 'vm'}",
-                 "-retentionPeriod=100y", "-search.latencyOffset=0s", "-loggerLevel=ERROR", *extra],
-                f"http://127.0.0.1:{port}", "/health", tmp / "victoria-metrics.log")
+    return _on_a_port(lambda port: Proc(
+        [binary("victoria-metrics"), f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={tmp / 'vm'}",
+         "-retentionPeriod=100y", "-search.latencyOffset=0s", "-loggerLevel=ERROR", *extra],
+        f"http://127.0.0.1:{port}", "/health", tmp / "victoria-metrics.log"), port)
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)\s*$")
