@@ -52,15 +52,26 @@ class CollectorProcess:
 
     def start(self) -> CollectorProcess:
         assert self.proc is None or self.proc.poll() is not None
-        self.starts += 1
-        log = open(self.log_dir / f"collector-{self.starts}.log", "wb")  # noqa: SIM115 - closed with the process
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [PY, "-m", "gpufleet.cli", "serve", "--database-url", self.database_url, "--host", "127.0.0.1",
-             "--port", str(self.port), "--allow-anonymous"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait_port(self.port, proc=self.proc)
-        return self
+        for attempt in range(3):
+            self.starts += 1
+            path = self.log_dir / f"collector-{self.starts}.log"
+            log = open(path, "wb")  # noqa: SIM115 - closed with the process
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            self.proc = subprocess.Popen(
+                [PY, "-m", "gpufleet.cli", "serve", "--database-url", self.database_url, "--host", "127.0.0.1",
+                 "--port", str(self.port), "--allow-anonymous"],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                wait_port(self.port, proc=self.proc)
+                return self
+            except RuntimeError:
+                # free_port() released its pick and another process bound it first: on the first
+                # start (nobody knows the URL yet) pick another; a restart keeps its port
+                if self.starts > attempt + 1 or attempt == 2 or "already in use" not in path.read_text():
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
