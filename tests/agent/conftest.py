@@ -45,10 +45,15 @@ class CollectorProcess:
     def __init__(self, database_url: str, log_dir: Path) -> None:
         self.database_url = database_url
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.handed_out = False  # whether anyone read the URL (then the port must stay)
         self.log_dir = log_dir
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+
+    @property
+    def url(self) -> str:
+        self.handed_out = True
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> CollectorProcess:
         assert self.proc is None or self.proc.poll() is not None
@@ -65,12 +70,12 @@ class CollectorProcess:
                 wait_port(self.port, proc=self.proc)
                 return self
             except RuntimeError:
-                # free_port() released its pick and another process bound it first: on the first
-                # start (nobody knows the URL yet) pick another; a restart keeps its port
-                if self.starts > attempt + 1 or attempt == 2 or "already in use" not in path.read_text():
+                # free_port() released its pick and another process bound it first: while nobody
+                # knows the URL, pick another; once handed out (a restart, an agent made before
+                # the first start) the port stays
+                if self.handed_out or attempt == 2 or "already in use" not in path.read_text():
                     raise
                 self.port = free_port()
-                self.url = f"http://127.0.0.1:{self.port}"
         raise AssertionError("unreachable")
 
     def kill(self) -> None:
