@@ -163,13 +163,17 @@ def test_sign_in_session_csrf_sign_out(database_url: str, live_server) -> None: 
 
 
 def test_revoked_token_and_expiry_end_the_session(database_url: str, live_server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("GPUFLEET_SESSION_TTL_S", "2")
+    # 5 s, not less: the first read must land inside the session's life even when a loaded CI
+    # box stalls a couple of seconds after the sign-in; then wait out the rest of it.
+    ttl = 5.0
+    monkeypatch.setenv("GPUFLEET_SESSION_TTL_S", str(int(ttl)))
     srv = live_server(database_url, allow_anonymous=False)
     tok = _tokens(database_url)
     with httpx.Client(base_url=srv.url, timeout=10) as c:
         assert _sign_in(c, tok["viewer"]).status_code == 200
+        signed_in = time.monotonic()  # the session was made before this: it ends by signed_in + ttl
         assert c.get("/api/v1/fleet/summary").status_code == 200
-        time.sleep(2.2)
+        time.sleep(max(0.0, signed_in + ttl + 0.3 - time.monotonic()))
         assert c.get("/api/v1/fleet/summary").status_code == 401, "expired"
         e = make_engine(database_url)
         try:
