@@ -185,13 +185,13 @@ class DropAckProxy:
             client.settimeout(30)
             while True:
                 try:
-                    req = _read_http_message(client)
+                    req = read_http_message(client)
                 except TimeoutError:  # a kept-alive connection the agent no longer uses
                     return
                 if req is None:
                     return
                 up.sendall(req)
-                resp = _read_http_message(up)
+                resp = read_http_message(up)
                 if resp is None:
                     return
                 self.requests += 1
@@ -207,7 +207,8 @@ class DropAckProxy:
         self._srv.close()
 
 
-def _read_http_message(s: socket.socket) -> bytes | None:
+def read_http_message(s: socket.socket) -> bytes | None:
+    """One whole HTTP/1.1 message (head and Content-Length body) from ``s``; None at EOF."""
     buf = b""
     while b"\r\n\r\n" not in buf:
         chunk = s.recv(65536)

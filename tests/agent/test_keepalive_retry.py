@@ -6,7 +6,6 @@ server that closes connections without answering, real httpx."""
 from __future__ import annotations
 
 import logging
-import re
 import socket
 import struct
 import threading
@@ -17,6 +16,7 @@ import pytest
 
 from gpufleet.agent.sender import Outcome, Sender
 from gpufleet.agent.spool import Spool
+from tests.agent.conftest import read_http_message
 
 BODY = b'{"stored": 10, "duplicate": false}'
 OK = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
@@ -47,32 +47,14 @@ class Dropper:
             except OSError:
                 return
             with conn:
-                data = self._read_request(conn)
+                # The whole request, body included, so a plain close is a clean FIN every
+                # time; closing with bytes unread would make the kernel send an RST instead.
+                data = read_http_message(conn) or b""
                 self.requests.append(data)
                 if len(self.requests) > self.drops:
                     conn.sendall(OK)
                 elif self.reset:
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-
-    @staticmethod
-    def _read_request(conn: socket.socket) -> bytes:
-        # Read the whole request, body included, so a plain close is a clean FIN every time;
-        # closing with bytes unread would make the kernel send an RST, the other case.
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return data
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-        want = int(m.group(1)) if m else 0
-        while len(body) < want:
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            body += chunk
-        return head + b"\r\n\r\n" + body
 
     def close(self) -> None:
         self.sock.close()
