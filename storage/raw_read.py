@@ -24,7 +24,7 @@ from sqlalchemy import Connection, func, select
 from gpufleet.storage.fields import FIELD_INDEX, FIELDS, NAMES
 from gpufleet.storage.models import gpu_sample_blocks as _b
 from gpufleet.storage.raw_samples import BLOCK_S
-from gpufleet.storage.sample_codec import coalesce, decode_blocks
+from gpufleet.storage.sample_codec import coalesce, decode_blocks, decode_times
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +66,37 @@ def read_raw(conn: Connection, *, job_pk: int | None = None, gpu_pks: Iterable[i
     unknown = [f for f in names if f not in FIELD_INDEX]
     if unknown:
         raise ValueError(f"unknown fields {unknown}")
+    return samples_of(fetch_blocks(conn, job_pk=job_pk, gpu_pks=gpu_pks, t0=t0, t1=t1), t0=t0, t1=t1,
+                      fields=None if fields is None else names)
+
+
+def fetch_blocks(conn: Connection, *, job_pk: int | None = None, gpu_pks: Iterable[int] | None = None,
+                 t0: float = -math.inf, t1: float = math.inf) -> list[tuple[int, int | None, bytes]]:
+    """The stored blocks (gpu_pk, job_pk, data) that can hold samples with ``t0 <= ts < t1`` of
+    job ``job_pk`` and/or GPUs ``gpu_pks``, by (gpu_pk, t0), undecoded: for a caller that asks
+    ``stored_times`` first and decodes values (``samples_of``) only when it must."""
     q = _where(select(_b.c.gpu_pk, _b.c.job_pk, _b.c.data), job_pk, gpu_pks, t0, t1)
-    rows = conn.execute(q.order_by(_b.c.gpu_pk, _b.c.t0)).all()
-    ts, vals, counts = decode_blocks([bytes(r[2]) for r in rows])
-    gpu = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
-    job = np.repeat(np.array([-1 if r[1] is None else r[1] for r in rows], np.int64), counts)
+    return [(int(g), j, bytes(d)) for g, j, d in conn.execute(q.order_by(_b.c.gpu_pk, _b.c.t0)).all()]
+
+
+def stored_times(blocks: Sequence[tuple[int, int | None, bytes]], *, t0: float = -math.inf,
+                 t1: float = math.inf) -> tuple[np.ndarray, np.ndarray]:
+    """(gpu_pk, ts) of every stored sample of ``blocks`` with ``t0 <= ts < t1``, a supplement's
+    copy of a row included (no field decoded, nothing coalesced: a row may appear twice)."""
+    ts, counts = decode_times([b[2] for b in blocks])
+    gpu = np.repeat(np.array([b[0] for b in blocks], np.int64), counts)
+    keep = (ts >= t0) & (ts < t1)
+    return gpu[keep], ts[keep]
+
+
+def samples_of(blocks: Sequence[tuple[int, int | None, bytes]], *, t0: float = -math.inf, t1: float = math.inf,
+               fields: Sequence[str] | None = None) -> RawSamples:
+    """``blocks`` (from ``fetch_blocks``) decoded as ``read_raw`` answers: the samples with
+    ``t0 <= ts < t1``, one row per (GPU, ts), sorted by (gpu_pk, ts)."""
+    names = tuple(NAMES if fields is None else fields)
+    ts, vals, counts = decode_blocks([b[2] for b in blocks])
+    gpu = np.repeat(np.array([b[0] for b in blocks], np.int64), counts)
+    job = np.repeat(np.array([-1 if b[1] is None else b[1] for b in blocks], np.int64), counts)
     keep = (ts >= t0) & (ts < t1)
     order = np.lexsort((ts[keep], gpu[keep]))
     pick = np.flatnonzero(keep)[order]
@@ -116,4 +142,5 @@ def job_sample_matrix(conn: Connection, job_pk: int, since: float, fields: Seque
     return out
 
 
-__all__ = ["RawSamples", "count_raw_samples", "job_sample_matrix", "raw_records", "read_raw"]
+__all__ = ["RawSamples", "count_raw_samples", "fetch_blocks", "job_sample_matrix", "raw_records", "read_raw",
+           "samples_of", "stored_times"]

@@ -254,6 +254,19 @@ def decode_blocks(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return _times(cols, first), vals, counts
 
 
+def decode_times(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks' timestamps concatenated and the samples per block, no field decoded (what
+    a "which of these rows are stored" question needs; ``decode_blocks`` gives the same ts)."""
+    opened = [_open(b) for b in blocks]
+    counts = np.array([n for _, n, _ in opened], np.int64)
+    if not opened:
+        return np.empty(0), counts
+    cols = np.concatenate([c[:8] for c, _, _ in opened], axis=1)
+    first = np.zeros(cols.shape[1], bool)
+    first[np.r_[0, np.cumsum(counts)[:-1]]] = True
+    return _times(cols, first), counts
+
+
 def coalesce(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One row per (gpu_pk, ts) of rows sorted by (gpu_pk, ts) (equal keys in storage order):

@@ -17,7 +17,10 @@ decided from the GPU-minute rollup rows alone (their ``last_ts`` bounds every st
 that minute): one indexed join per group commit, which returns nothing in the steady state.
 Only a GPU-minute where new rows do not all come after ``last_ts`` (late, repeated or split
 data) reads raw rows, for those GPUs and that time span only: the blocks overlapping it,
-found by the (gpu_pk, t0) index, decoded with their values (which fields a stored row has).
+found by the (gpu_pk, t0) index, their timestamps decoded first; only the GPUs where a row of
+the write meets a stored (GPU, ts) are decoded with their values (which fields a stored row
+has). A late row at a time nobody stored (a scrape delivered after the next one) decodes no
+field.
 
 Concurrent writers: what is read here must include every row a concurrent transaction is
 writing for the same GPU-minute, so on PostgreSQL the write takes its (node, day) advisory
@@ -36,7 +39,7 @@ from sqlalchemy import Connection
 
 from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.pg_arrays import pg_array, query_prepared
-from gpufleet.storage.raw_read import read_raw
+from gpufleet.storage.raw_read import fetch_blocks, samples_of, stored_times
 from gpufleet.storage.rollups import BUCKET_S
 from gpufleet.storage.sample_codec import first_present
 
@@ -115,11 +118,19 @@ def _against_stored(conn: Connection, out: NewRows, ts: np.ndarray, gpu_pk: np.n
     their fields stored -> dropped; some new -> a supplement of those fields."""
     og = sorted({gg for gg, _ in overlap})
     lo, hi = min(bb for _, bb in overlap), max(bb for _, bb in overlap) + BUCKET_S
-    st = read_raw(conn, gpu_pks=og, t0=lo, t1=hi)  # coalesced: one row per stored (GPU, ts)
-    if not len(st):
+    blocks = fetch_blocks(conn, gpu_pks=og, t0=lo, t1=hi)
+    # Timestamps first: a late row (a scrape delivered after the next one) lands in a stored
+    # GPU-minute at a time nobody stored, and then no field needs decoding. Only the GPUs
+    # holding a stored (GPU, ts) of this write are decoded with their values.
+    sg, sts = stored_times(blocks, t0=lo, t1=hi)
+    cand = np.flatnonzero(out.keep & np.isin(gpu_pk, og))
+    stored = np.isin(_keys(gpu_pk[cand], ts[cand]), _keys(sg, sts))
+    if not stored.any():
         return brought
+    rows = cand[stored]
+    hit_gpus = set(gpu_pk[rows].tolist())
+    st = samples_of([b for b in blocks if b[0] in hit_gpus], t0=lo, t1=hi)  # one row per stored (GPU, ts)
     where = {k: i for i, k in enumerate(zip(st.gpu_pk.tolist(), st.ts.tolist(), strict=True))}
-    rows = np.flatnonzero(out.keep & np.isin(gpu_pk, og))
     hit = [(r, where.get(k)) for r, k in zip(rows.tolist(), zip(gpu_pk[rows].tolist(), ts[rows].tolist(),
                                                                   strict=True), strict=True)]
     pairs = [(r, i) for r, i in hit if i is not None]
@@ -145,6 +156,17 @@ def _against_stored(conn: Connection, out: NewRows, ts: np.ndarray, gpu_pk: np.n
     out.supp_job = st.job_pk[i[has_new]]
     out.stored_vals = sv[:, has_new]
     return brought
+
+
+def _keys(gpu_pk: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """(GPU, ts) pairs as one comparable value each (16 bytes: the pk, the float's bits), so
+    ``np.isin`` matches pairs exactly as the tuples (int, float) compare."""
+    k = np.empty(len(ts), dtype=[("g", "<i8"), ("t", "<u8")])
+    k["g"] = gpu_pk
+    # +0.0 for -0.0: the tuples compare equal, their bits do not (a timestamp is never -0.0,
+    # but the rule is the tuples')
+    k["t"] = (np.asarray(ts, np.float64) + 0.0).view(np.uint64)
+    return k.view("V16").reshape(-1)
 
 
 def _spread_to_copies(out: NewRows, head_mask: np.ndarray) -> np.ndarray:

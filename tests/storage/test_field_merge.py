@@ -208,3 +208,87 @@ def test_coalesce_takes_each_fields_first_present_value() -> None:
     same = coalesce(ts[2:], gpu[2:], job[2:], vals[:, 2:])
     assert same[3] is not None and same[0] is not ts  # distinct keys: returned as they are
     assert np.shares_memory(same[3], vals)
+
+
+def _near(a: Any, b: Any) -> bool:
+    """Equal, floats to float32's precision: a rollup mean merged from two writes is rounded
+    to PostgreSQL's ``real`` once per write."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 2e-7 * max(abs(a), abs(b))
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return len(a) == len(b) and all(_near(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _same_but_switches(one: dict[str, Any], two: dict[str, Any],
+                       rollups: tuple[str, ...] = ("gpu_samples_1m", "job_samples_1m")) -> None:
+    """Equal stored data, but for what rows landing inside a minute's stored span cannot know
+    (docs/protocol.md): its busy/idle switches, marked ``interior``; the rollups' means to
+    float32 precision (and only ``rollups`` of them)."""
+    assert [k for k in _differences(one, two) if k not in ("features", "gpu_samples_1m", "job_samples_1m")] == []
+    for table in rollups:
+        assert _near(one[table], two[table]), table
+    cols = list(STATE)
+    for (g1, b1, r1), (g2, b2, r2) in zip(one["features"], two["features"], strict=True):
+        assert (g1, b1) == (g2, b2)
+        diff = {cols[k] for k, (x, y) in enumerate(zip(r1, r2, strict=True)) if not _close(x[1], y[1])}
+        assert diff <= {"interior", "trans", "first_busy", "last_busy"}, diff
+
+
+def _rows(b: Batch, keep: Any, names: tuple[str, ...], boot: str) -> Batch:
+    """``b``'s rows ``keep(second, gpu index)`` with the fields ``names``, under key ``boot``."""
+    p = _part(b, names, boot)
+    idx = [i for i, t in enumerate(p.samples["ts"]) if keep(int(t - START), i % 2)]
+    p.samples = {k: [v[i] for i in idx] for k, v in p.samples.items()}
+    return p
+
+
+def test_late_rows_at_times_nobody_stored_decode_no_field(e: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scrape delivered after the next one lands in stored GPU-minutes at new times: the
+    overlap check reads the stored blocks' timestamps only, and the rows are stored as new."""
+    import gpufleet.storage.raw_read as raw_read
+
+    _write(e, _full("one"))
+    b = _full("two")
+    _write(e, _rows(b, lambda s, g: s % 2 == 0, CATALOG.names, "two-even"))
+    decoded: list[int] = []
+    timed: list[int] = []
+    real_blocks, real_times = raw_read.decode_blocks, raw_read.decode_times
+    monkeypatch.setattr(raw_read, "decode_blocks", lambda bl: decoded.append(len(bl)) or real_blocks(bl))
+    monkeypatch.setattr(raw_read, "decode_times", lambda bl: timed.append(len(bl)) or real_times(bl))
+    assert _write(e, _rows(b, lambda s, g: s % 2 == 1, CATALOG.names, "two-odd")) == [(60, False)]
+    assert timed and not decoded  # the stored minutes were looked at, no value was decoded
+    monkeypatch.undo()
+    _same_but_switches(_stored(e, "one"), _stored(e, "two"))
+
+
+def test_a_write_of_late_rows_and_of_pieces_of_stored_rows(e: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One write holding both kinds for the same minutes: GPU 0's odd seconds complete stored
+    rows (their second shard's fields), GPU 1's odd seconds are late rows nobody stored. Only
+    GPU 0's blocks are decoded with values; every raw row and GPU rollup is the one-write
+    data's."""
+    _write(e, _full("one"))
+    b = _full("two")
+    first = tuple(n for n in CATALOG.names if n not in SECOND)
+    assert _write(e, _rows(b, lambda s, g: s % 2 == 0, CATALOG.names, "two-a"),
+                  _rows(b, lambda s, g: s % 2 == 1 and g == 0, first, "two-b")) == [(60, False), (30, False)]
+    second = _rows(b, lambda s, g: s % 2 == 1 and g == 0, SECOND, "two-c")
+    late = _rows(b, lambda s, g: s % 2 == 1 and g == 1, CATALOG.names, "two-d")
+    import gpufleet.storage.unique_rows as unique_rows
+
+    valued: list[set[int]] = []
+    real = unique_rows.samples_of
+    monkeypatch.setattr(unique_rows, "samples_of", lambda bl, **kw: valued.append({b[0] for b in bl}) or real(bl, **kw))
+    assert _write(e, second, late) == [(30, False), (30, False)]
+    monkeypatch.undo()
+    with e.connect() as c:
+        gpu0 = c.execute(text('SELECT g.id FROM gpus g JOIN nodes n ON n.id = g.node_id '
+                              'WHERE n.name = :n AND g."index" = 0'), {"n": "node-two"}).scalar_one()
+    assert valued == [{gpu0}]  # GPU 1's stored blocks: timestamps only
+    # The job's rollup mean is not compared: GPU 0's supplement fields merge into a job minute
+    # whose other rows lack them by the rows-weighted approximation docs/prometheus.md states.
+    _same_but_switches(_stored(e, "one"), _stored(e, "two"), rollups=("gpu_samples_1m",))
+    # and a copy of everything under new keys stores nothing
+    again = _full("two")
+    again.agent.boot_id = "two-e"
+    assert _write(e, again) == [(0, False)]
