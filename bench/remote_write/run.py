@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import uuid as uuidlib
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +73,16 @@ def bodies_needed(samples_s: float, seconds: float, per_body: int = SAMPLES_PER_
     return int(samples_s * seconds * 1.1 / per_body) + 1
 
 
-def remote_write_bodies(path: Path, nodes: int, windows: int, now: float) -> tuple[int, int, int]:
+def remote_write_bodies(path: Path, nodes: int, windows: int, now: float, shards: int = 1) -> tuple[int, int, int]:
     """Bodies of ~SAMPLES_PER_SEND samples: window after window (15 s apart, the last one a
     minute ago), node after node, every GPU's dcgm-exporter series, as a shard sends them; a
-    body boundary falls anywhere in a node's series. Returns (bodies, samples, bytes/body)."""
+    body boundary falls anywhere in a node's series. ``shards`` > 1: as Prometheus runs that
+    many shards, each series goes to the shard its label set hashes to (crc32 here) and each
+    shard cuts its own stream into bodies, so one GPU's fields at one scrape arrive in up to
+    ``shards`` bodies (the bodies in the order the shards filled them). Returns (bodies,
+    samples, bytes/body)."""
     start = int((now - 60 - windows * 15) * 1000)
-    parts: list[bytes] = []
+    parts_of: list[list[bytes]] = [[] for _ in range(max(1, shards))]
     bodies = size = samples = 0
     # per series, in send order: TimeSeries tag + length + labels, and its value (a constant,
     # or 40..69 moving with the node, GPU and scrape)
@@ -102,29 +107,33 @@ def remote_write_bodies(path: Path, nodes: int, windows: int, now: float) -> tup
                 else:  # in dcgm-exporter's unit (MiB for the framebuffer)
                     div = 1.0 if fld.unit == "bytes" else (fld.dcgm_scale or 1.0)
                     series.append((bytes(h) + lab, None, n + g, div))
+    shard_of = [zlib.crc32(head) % len(parts_of) for head, _, _, _ in series]
     with path.open("wb") as f:
-        for w in range(windows):
-            ts = start + w * 15_000
-            enc: dict[float, bytes] = {}
-            for head, const, ng, div in series:
-                v = const if const is not None else (40.0 + (ng + w) % 30) / div
-                sample = enc.get(v)
-                if sample is None:
-                    sample = enc[v] = wire.encode_sample(ts, v)
-                parts.append(head + sample)
-                if len(parts) >= SAMPLES_PER_SEND:
-                    body = wire.snappy(b"".join(parts))
-                    f.write(b"%010d" % len(body) + body)
-                    bodies += 1
-                    size += len(body)
-                    samples += len(parts)
-                    parts = []
-        if parts:
+
+        def flush(parts: list[bytes]) -> None:
+            nonlocal bodies, size, samples
             body = wire.snappy(b"".join(parts))
             f.write(b"%010d" % len(body) + body)
             bodies += 1
             size += len(body)
             samples += len(parts)
+            parts.clear()
+
+        for w in range(windows):
+            ts = start + w * 15_000
+            enc: dict[float, bytes] = {}
+            for (head, const, ng, div), k in zip(series, shard_of, strict=True):
+                v = const if const is not None else (40.0 + (ng + w) % 30) / div
+                sample = enc.get(v)
+                if sample is None:
+                    sample = enc[v] = wire.encode_sample(ts, v)
+                parts = parts_of[k]
+                parts.append(head + sample)
+                if len(parts) >= SAMPLES_PER_SEND:
+                    flush(parts)
+        for parts in parts_of:
+            if parts:
+                flush(parts)
     return bodies, samples, size // max(bodies, 1)
 
 
@@ -237,6 +246,9 @@ def main() -> int:
                          "existing (--pg-admin's server) or a postgresql:// admin URL")
     ap.add_argument("--pg-admin", default=os.environ.get("GPUFLEET_BENCH_PG", _ib.pg_instance.DEFAULT_EXISTING),
                     help="the server --pg existing means (default $GPUFLEET_BENCH_PG, else the local service)")
+    ap.add_argument("--shards", type=int, default=1,
+                    help="the bodies as this many Prometheus shards send them (series hashed to shards; a GPU's "
+                         "row then arrives in pieces); 1: one shard's ordered stream")
     ap.add_argument("--vm-conns", default="16,64,256",
                     help="VictoriaMetrics' connection counts for receive, each measured, its best the reference")
     ap.add_argument("--json", type=Path, default=None)
@@ -261,7 +273,7 @@ def main() -> int:
         want = bodies_needed(args.max_samples_s, args.warmup + args.duration)
         windows = -(-want * SAMPLES_PER_SEND // (args.nodes * 8 * len(DCGM_FIELDS)))
         log(f"writing {want} remote-write bodies ({windows} scrapes of {args.nodes} nodes)")
-        nb, ns, bsize = remote_write_bodies(rw, args.nodes, windows, now)
+        nb, ns, bsize = remote_write_bodies(rw, args.nodes, windows, now, shards=args.shards)
         per_body = ns / nb
         res["rw_bodies"] = {"bodies": nb, "samples_per_body": per_body, "bytes_per_body": bsize}
         tpl = Templates(args.conns, now, windows=6)
@@ -319,7 +331,7 @@ def report(res: dict[str, Any]) -> None:
           + "\n")
     b = res["rw_bodies"]
     print(f"remote-write bodies: {b['bodies']} distinct, {b['samples_per_body']:.0f} samples, "
-          f"{b['bytes_per_body']} B snappy each\n")
+          f"{b['bytes_per_body']} B snappy each, as {res['args'].get('shards', 1)} shard(s) send them\n")
     print("| round | gpufleet samples/s | VM samples/s | receive ratio | ingest rows/s export off | on | "
           "export ratio | exported / stored samples |")
     print("|---|---|---|---|---|---|---|---|")
