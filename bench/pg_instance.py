@@ -319,6 +319,11 @@ def _proc_cpu_ticks(pid: int, children_reaped: bool) -> int:
     return ticks
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of one process so far (utime + stime), e.g. one backend's."""
+    return _proc_cpu_ticks(pid, False) / os.sysconf("SC_CLK_TCK")
+
+
 def server_cpu_s(postmaster: int) -> float | None:
     """CPU seconds of one server: its postmaster, its live processes (backends, walwriter,
     checkpointer, autovacuum) and those already exited (the postmaster's reaped-children time).

@@ -240,8 +240,7 @@ def decode_blocks(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarr
     nf = min(f for _, _, f in opened)
     width = row_width(nf)
     cols = np.concatenate([c[:width] for c, _, _ in opened], axis=1)
-    first = np.zeros(cols.shape[1], bool)
-    first[np.r_[0, np.cumsum(counts)[:-1]]] = True
+    first = _block_firsts(counts)
     vals = np.full((NF, cols.shape[1]), np.nan)
     for j in range(nf):
         w = int(_WIDTHS[j])
@@ -261,10 +260,14 @@ def decode_times(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     counts = np.array([n for _, n, _ in opened], np.int64)
     if not opened:
         return np.empty(0), counts
-    cols = np.concatenate([c[:8] for c, _, _ in opened], axis=1)
-    first = np.zeros(cols.shape[1], bool)
+    return _times(np.concatenate([c[:8] for c, _, _ in opened], axis=1), _block_firsts(counts)), counts
+
+
+def _block_firsts(counts: np.ndarray) -> np.ndarray:
+    """Over the blocks' samples concatenated: True at each block's first sample."""
+    first = np.zeros(int(counts.sum()), bool)
     first[np.r_[0, np.cumsum(counts)[:-1]]] = True
-    return _times(cols, first), counts
+    return first
 
 
 def coalesce(ts: np.ndarray, gpu_pk: np.ndarray, job_pk: np.ndarray, vals: np.ndarray

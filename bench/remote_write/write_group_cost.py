@@ -4,9 +4,9 @@ transaction holds: client (collector) CPU and PostgreSQL backend CPU per body.
 
 A remote-write body carries one sample per GPU (a scrape of ~10 nodes), so each GPU-minute's
 rollup, minute-feature and raw-block rows are upserted once per scrape unless a transaction
-holds several scrapes of the same GPUs. With ``--groups 10,40`` on the bench's 100 nodes: 10
-bodies = one scrape of every GPU per transaction, 40 = a minute (four scrapes). docs/prometheus.md
-("What 1x would take") quotes it.
+holds several scrapes of the same GPUs. With ``--groups 10,40`` on the bench's 100 nodes (a
+scrape of every GPU is 12 bodies): 10 bodies per transaction hold less than one scrape, 40 over
+three. docs/prometheus.md ("What 1x would take") quotes it.
 
 The bodies are bench/remote_write/run.py's, parsed by the receiver (``Receiver._parse``, warm
 series cache), then written with ``storage.writes.write_batches`` into a fresh database per
@@ -29,18 +29,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import receive_micro as rm  # (this directory: the bench's bodies)
+from pg_instance import process_cpu_s  # (bench/: the /proc readers)
 
 from gpufleet.collector.remote_write.receiver import Receiver
 from gpufleet.storage.db import make_engine
 from gpufleet.storage.migrate import upgrade
 from gpufleet.storage.writes import WriteCache, write_batches
-
-
-def backend_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -90,12 +86,12 @@ def main() -> int:
             with engine.begin() as conn:  # dimensions, once (as in a running collector)
                 write_batches(conn, list(convs[0].prepared), now, cache)
                 pid = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
-            c0, p0, w0 = time.process_time(), backend_cpu_s(pid), time.perf_counter()
+            c0, p0, w0 = time.process_time(), process_cpu_s(pid), time.perf_counter()
             for i in range(1, len(convs), group):
                 with engine.begin() as conn:
                     write_batches(conn, [p for c in convs[i:i + group] for p in c.prepared], now, cache)
             n = len(convs) - 1
-            client, server = time.process_time() - c0, backend_cpu_s(pid) - p0
+            client, server = time.process_time() - c0, process_cpu_s(pid) - p0
             print(f"  {group:4d} bodies per transaction: client {client / n * 1e3:.3f} ms, PostgreSQL "
                   f"{server / n * 1e3:.3f} ms CPU per body (wall {(time.perf_counter() - w0) / n * 1e3:.3f} ms)")
             engine.dispose()
