@@ -15,6 +15,21 @@ COMMANDS = ["up", "serve", "agent", "migrate", "analyze", "import_", "token", "w
             "config"]
 
 
+def missing_module_hint(e: ModuleNotFoundError, command: str) -> str:
+    """What to install, or why gpufleet's own module is not found (a checkout's gpufleet/
+    folder in the working directory shadows the package: it holds the core, not agent/)."""
+    missing = e.name or str(e)
+    if missing == "gpufleet" or missing.startswith("gpufleet."):
+        import gpufleet
+
+        return (f"gpufleet's own module {missing!r} is not found next to {gpufleet.__file__}. "
+                "Is a gpufleet source checkout the working directory? Run from another directory, "
+                "or install it: pip install -e '.[agent]'")
+    extra = "agent" if command == "agent" else "server"
+    return (f"needs the Python package {missing!r}, which is not installed. "
+            f"Install the {extra} parts with: pip install 'gpufleet[{extra}]'")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpufleet", description="GPU fleet telemetry and goodput.")
     p.add_argument("--version", action="version", version=f"gpufleet {__version__}")
@@ -43,12 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except ModuleNotFoundError as e:
-        missing = e.name or str(e)
-        print(
-            f"gpufleet {args.command}: needs the Python package {missing!r}, which is not installed. "
-            f"Install the server parts with: pip install 'gpufleet[server]'",
-            file=sys.stderr,
-        )
+        print(f"gpufleet {args.command}: {missing_module_hint(e, args.command)}", file=sys.stderr)
         return 2
 
 

@@ -1,7 +1,7 @@
 """GPU readings from NVML (package nvidia-ml-py), every catalog field NVML can give.
 
 Per GPU and cycle: one ``nvmlDeviceGetFieldValues`` call for the counters (ECC, NVLink
-and PCIe traffic and errors, energy, row remapping), a handful of direct calls (utilization,
+and PCIe traffic and errors, row remapping; energy and PCIe replays every 10 s), a handful of direct calls (utilization,
 memory, power, temperature, clocks, clock event reasons, processes) and, on Hopper and
 newer, one GPM sample: GPM metrics come from two samples (this cycle's and the last one),
 so the first cycle has none. Without GPM, PCIe and NVLink rates come from NVML's byte
@@ -62,6 +62,12 @@ FIELD_VALUES: dict[int, tuple[str, str, float]] = {
     197: ("pcie_tx_bytes_s", "rate", 1.0),       # PCIE_COUNT_TX_BYTES
     198: ("pcie_rx_bytes_s", "rate", 1.0),
 }
+# Read at most every SLOW_EVERY_S, not every cycle. On an H200 (driver 580) the energy counter
+# took 2.7-3.0 ms of a 4 ms field batch, in the batch or by its own call (docs/real-gpu.md);
+# both are lifetime counters, so a reading every 10 s loses nothing (a job's energy is the
+# difference of two readings) and cuts the agent's NVML cost per GPU by more than half.
+SLOW_FIELD_IDS = frozenset({83, 94})  # TOTAL_ENERGY_CONSUMPTION, PCIE_REPLAY_COUNTER
+SLOW_EVERY_S = 10.0
 _VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _RATIO_FIELDS = frozenset(f for f, s in GPM_METRICS.values() if s == 0.01)
 
@@ -71,6 +77,14 @@ NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
 NVML_DEVICE_MIG_ENABLE = 1
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 _MIG_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+\w+)?)", re.IGNORECASE)
+
+
+_NVLINK_FIELDS = ("nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_error_count")
+
+
+def _drop_nvlink(v: dict[str, float]) -> None:
+    for name in _NVLINK_FIELDS:
+        v.pop(name, None)
 
 
 def _text(v: Any) -> str:
@@ -89,6 +103,9 @@ class _Device:
     counters: dict[str, tuple[float, float]] = field(default_factory=dict)  # field -> (t, counter)
     lost: bool = False
     xid: bool = False  # registered for XID events
+    memory_v2: bool = True  # until the driver refuses nvmlDeviceGetMemoryInfo_v2 (before R510)
+    nvlink: bool = True  # False when no NVLink answers: its rates are then not read as 0 B/s
+    slow_read_t: float | None = None  # when SLOW_FIELD_IDS were last asked for
 
     @property
     def is_mig(self) -> bool:
@@ -161,7 +178,8 @@ class NvmlSource:
                     # NVML says 00000000:17:00.0, sysfs says 0000:17:00.0
                     self._pci[uuid] = _text(pci.busId)[-12:].lower()
                 dev = _Device(GpuInfo(index=i, uuid=uuid, model="" if model is NA else _text(model),
-                                      memory_total_bytes=None if mem is NA else float(mem.total)), h, gpm=gpm)
+                                      memory_total_bytes=None if mem is NA else float(mem.total)), h, gpm=gpm,
+                              nvlink=self._has_nvlink(h))
                 out.append(dev)
                 out.extend(self._mig_instances(dev))
             except GpuLost as e:
@@ -201,8 +219,22 @@ class NvmlSource:
                 GpuInfo(index=parent.info.index, uuid=uuid, model=parent.info.model,
                         mig_profile=m.group(1) if m else None, parent_uuid=parent.info.uuid,
                         memory_total_bytes=None if mem is NA else float(mem.total)),
-                mh, parent=parent.handle, gi_id=None if gi is NA else int(gi), gpm=parent.gpm))
+                mh, parent=parent.handle, gi_id=None if gi is NA else int(gi), gpm=parent.gpm,
+                nvlink=parent.nvlink))
         return out
+
+    def _has_nvlink(self, h: Any) -> bool:
+        """Whether the GPU has NVLink at all. A PCIe GPU without bridges (seen: an H200 passed
+        through to a VM, driver 580) answers NOT_SUPPORTED for every link's state, yet GPM
+        reports its NVLink rates as 0 MiB/s: that is "no NVLink", not "NVLink idle"."""
+        n = self.nvml
+        if getattr(n.lib, "nvmlDeviceGetNvLinkState", None) is None:
+            return True  # this nvidia-ml-py cannot tell: trust the counters, as before
+        for link in range(int(n.const("NVML_NVLINK_MAX_LINKS", 18))):
+            errors = n.errors
+            if n.call("nvmlDeviceGetNvLinkState", h, link) is not NA or n.errors > errors:
+                return True  # a link answered, or a failure that says nothing about links
+        return False
 
     # --- sampling ------------------------------------------------------------------------
 
@@ -240,7 +272,7 @@ class NvmlSource:
                 h = n.call("nvmlDeviceGetHandleByIndex", d.info.index)
                 if h is NA or _text(n.call("nvmlDeviceGetUUID", h)) != d.info.uuid:
                     continue
-                back = _Device(d.info, h, gpm=d.gpm, gpm_samples=d.gpm_samples)
+                back = _Device(d.info, h, gpm=d.gpm, gpm_samples=d.gpm_samples, nvlink=d.nvlink)
                 migs = self._mig_instances(back)
             except GpuLost:
                 continue
@@ -269,14 +301,11 @@ class NvmlSource:
         if util is not NA:
             v["gpu_util"] = util.gpu / 100.0
             v["mem_copy_util"] = util.memory / 100.0
-        mem = n.call("nvmlDeviceGetMemoryInfo", h)
-        if mem is not NA:
-            v["fb_used_bytes"] = float(mem.used)
-            v["fb_total_bytes"] = float(mem.total)
+        self._memory(d, v)
         p = n.call("nvmlDeviceGetPowerUsage", h)
         if p is not NA:
             v["power_w"] = p / 1000.0
-        if "energy_j" not in v:
+        if "energy_j" not in v and d.slow_read_t == now:  # asked this cycle, but not in the batch
             e = n.call("nvmlDeviceGetTotalEnergyConsumption", h)
             if e is not NA:
                 v["energy_j"] = e / 1000.0
@@ -305,17 +334,39 @@ class NvmlSource:
                     v[fld] = kb * 1024.0
         if d.xid:
             v["xid_last"] = float(self._xid_last.get(d.info.uuid, 0))
+        if not d.nvlink:
+            _drop_nvlink(v)
         return v, self._pids(h)
 
     def _read_mig(self, d: _Device, now: float) -> tuple[dict[str, float], tuple[int, ...]]:
         v: dict[str, float] = {}
-        mem = self.nvml.call("nvmlDeviceGetMemoryInfo", d.handle)
+        self._memory(d, v)
+        if d.gpm and d.gi_id is not None:
+            self._gpm(d, now, v)
+        if not d.nvlink:
+            _drop_nvlink(v)
+        return v, self._pids(d.handle)
+
+    def _memory(self, d: _Device, v: dict[str, float]) -> None:
+        """Framebuffer used as nvidia-smi and DCGM count it: without the driver's reservation.
+        The v1 call folds the reservation into "used" (616 MiB on an idle H200, driver 580:
+        docs/real-gpu.md), which would read as memory held by a job on every idle GPU."""
+        n = self.nvml
+        version = n.const("nvmlMemory_v2")
+        if d.memory_v2 and version is not None:
+            errors = n.errors
+            mem = n.call("nvmlDeviceGetMemoryInfo", d.handle, version)
+            if mem is not NA:
+                v["fb_used_bytes"] = float(mem.used)
+                v["fb_total_bytes"] = float(mem.total)
+                return
+            if n.errors > errors:
+                return  # a failed read, not an old driver: this cycle has no memory reading
+            d.memory_v2 = False  # an older driver: v1 from now on, reservation included
+        mem = n.call("nvmlDeviceGetMemoryInfo", d.handle)
         if mem is not NA:
             v["fb_used_bytes"] = float(mem.used)
             v["fb_total_bytes"] = float(mem.total)
-        if d.gpm and d.gi_id is not None:
-            self._gpm(d, now, v)
-        return v, self._pids(d.handle)
 
     def _pids(self, h: Any) -> tuple[int, ...]:
         procs = self.nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
@@ -323,6 +374,10 @@ class NvmlSource:
 
     def _field_values(self, d: _Device, now: float, v: dict[str, float]) -> None:
         ids = list(FIELD_VALUES)
+        if d.slow_read_t is None or not 0 <= now - d.slow_read_t < SLOW_EVERY_S:
+            d.slow_read_t = now
+        else:
+            ids = [i for i in ids if i not in SLOW_FIELD_IDS]
         res = self.nvml.call("nvmlDeviceGetFieldValues", d.handle, ids)
         if res is NA:
             return

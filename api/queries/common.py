@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Double, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from gpufleet import durations
@@ -124,3 +124,12 @@ def live_values(conn: Connection | Session, gpu_pks: Iterable[int],
                 newest[r[0]] = r
     names = ("bucket", *LIVE_FIELDS)
     return {pk: {k: clean(v) for k, v in zip(names, r[1:], strict=True)} for pk, r in newest.items()}
+
+
+def rollup_mean(col: Any, n: Any) -> Any:
+    """The mean of a field over minute-rollup rows, each weighted by its samples (``n``). A
+    plain avg() weighs a job's first and last, partial, minutes as whole ones: a real H200 job
+    of 80 s read 0.33 Tensor-active that way against 0.37 over its stored seconds."""
+    weight = func.sum(case((col.is_not(None), n), else_=0))
+    return func.sum(cast(col, Double) * n) / func.nullif(weight, 0)
+

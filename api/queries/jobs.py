@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobReport, Node, gpu_samples_1m, job_samples_1m
 
-from .common import DEFAULT_CLUSTER, clean, live_values, now
+from .common import DEFAULT_CLUSTER, clean, live_values, now, rollup_mean
 from .paginate import Keyset
 
 JobSort = Literal["waste", "start", "gpus"]
@@ -125,14 +125,15 @@ def job_gpus(conn: Session, job: Job) -> list[dict[str, Any]]:
 
 def _live_summary(conn: Session, job: Job) -> dict[str, Any]:
     t = job_samples_1m
-    row = conn.execute(select(*(func.avg(t.c[f]).label(f) for f in SUMMARY_FIELDS), func.max(t.c.bucket).label("last"))
+    row = conn.execute(select(*(rollup_mean(t.c[f], t.c.n).label(f) for f in SUMMARY_FIELDS),
+                              func.max(t.c.bucket).label("last"))
                        .where(t.c.job_pk == job.id)).mappings().one()
     return {f"{f}_mean": clean(row[f]) for f in SUMMARY_FIELDS}
 
 
 def _per_gpu_live(conn: Session, job: Job, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     t = gpu_samples_1m
-    q = (select(t.c.gpu_pk, *(func.avg(t.c[f]).label(f"{f}_mean") for f in
+    q = (select(t.c.gpu_pk, *(rollup_mean(t.c[f], t.c.n).label(f"{f}_mean") for f in
                               ("sm_active", "tensor_active", "dram_active", "power_w", "sm_clock_mhz")),
                 func.max(t.c.fb_used_bytes).label("fb_used_bytes_max"))
          .where(t.c.job_pk == job.id).group_by(t.c.gpu_pk))

@@ -1,7 +1,7 @@
 """Run the NVML source (GPM included) against the real GPUs of this machine and print what it
 sampled, which fields were not available, and what one cycle costs.
 
-NOT YET RUN ON HARDWARE (no GPU machine was available when it was written); the fake
+Run on a real H200 (driver 580) on 2026-12-04: docs/real-gpu.md has what it printed. The fake
 NVML in tests/support/fake_nvml.py models the same calls. Run it on a GPU node:
 
     .venv/bin/python bench/agent/nvml_real_gpu.py            # 30 cycles at 1 Hz
@@ -15,7 +15,6 @@ It exits 0 when NVML answered and every catalog field the GPU supports came back
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import threading
 import time
@@ -33,6 +32,33 @@ def _busy_gpu(stop: threading.Event) -> None:
     a = torch.randn(8192, 8192, device="cuda:0", dtype=torch.bfloat16)
     while not stop.is_set():
         (a @ a).sum().item()
+
+
+class _Timed:
+    """pynvml (or the fake) with every nvml* function timed: which calls a cycle's cost is."""
+
+    def __init__(self, module: object | None) -> None:
+        if module is None:
+            import pynvml
+
+            module = pynvml
+        self._m = module
+        self.spent: dict[str, list[float]] = {}
+
+    def __getattr__(self, name: str) -> object:
+        f = getattr(self._m, name)
+        if not (name.startswith("nvml") and callable(f)):
+            return f
+        spent = self.spent.setdefault(name, [0.0, 0])
+
+        def timed(*args: object, **kw: object) -> object:
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kw)
+            finally:
+                spent[0] += time.perf_counter() - t0
+                spent[1] += 1
+        return timed
 
 
 def main() -> int:
@@ -56,7 +82,8 @@ def main() -> int:
         from tests.support.fake_nvml import FakeNvml, a100, h100
 
         module = FakeNvml([h100(0), h100(1), a100(2, mig=True)])
-    src = NvmlSource(module)
+    timing = _Timed(module)
+    src = NvmlSource(timing)
     try:
         devices = src.devices()
     except NvmlUnavailable as e:
@@ -76,14 +103,17 @@ def main() -> int:
 
     costs, calls = [], []
     last = []
+    seen: dict[str, set[str]] = {}  # fields each GPU gave in any cycle (some are read every 10 s)
     try:
         for _ in range(cycles):
-            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            # this thread's CPU only: with --load, the matrix-product thread shares the process
+            t0 = time.thread_time()
             c0, w0 = src.nvml.calls, time.perf_counter()
             last = src.read(time.time())
+            for r in last:
+                seen.setdefault(r.uuid, set()).update(r.values)
             wall = time.perf_counter() - w0
-            r1 = resource.getrusage(resource.RUSAGE_SELF)
-            costs.append((wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)))
+            costs.append((wall, time.thread_time() - t0))
             calls.append(src.nvml.calls - c0)
             time.sleep(max(0.0, args.interval - wall))
     finally:
@@ -93,7 +123,7 @@ def main() -> int:
 
     problems = []
     for r in last:
-        missing = sorted(set(CATALOG.names) - IB_FIELDS - set(r.values))
+        missing = sorted(set(CATALOG.names) - IB_FIELDS - seen.get(r.uuid, set()))
         print(f"\n{r.uuid}: {len(r.values)} fields, pids={list(r.pids)}")
         for name in CATALOG.names:
             if name in r.values:
@@ -102,7 +132,7 @@ def main() -> int:
                 print(f"  {name:<22} {r.values[name]:>16.4f} {f.unit}{'   <-- ' + bad if bad else ''}")
                 if bad:
                     problems.append(bad)
-        print(f"  not available: {', '.join(missing) or '-'}")
+        print(f"  not available in any cycle: {', '.join(missing) or '-'}")
     steady = costs[2:] or costs
     wall_ms = sum(w for w, _ in steady) / len(steady) * 1000
     cpu_ms = sum(c for _, c in steady) / len(steady) * 1000
@@ -110,6 +140,9 @@ def main() -> int:
           f"({cpu_ms / 10:.3f}% of one core at 1 Hz), {sum(calls[2:] or calls) / len(steady):.0f} NVML calls, "
           f"{src.errors} NVML errors")
     print(f"events: {[(e.kind, e.code) for e in events]}")
+    print("NVML time by call over the whole run (discovery included):")
+    for name, (secs, n) in sorted(timing.spent.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {name:<44} {n:>5} calls  {secs / max(n, 1) * 1e3:8.3f} ms each  {secs * 1e3:9.1f} ms total")
     if not last:
         problems.append("no GPU answered")
     if problems:

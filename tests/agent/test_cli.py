@@ -81,3 +81,15 @@ def test_daemon_runs_several_simulated_nodes_and_stops_on_sigterm(tmp_path: Path
     assert sorted(d.name for d in tmp_path.iterdir()) == ["sim-node-000", "sim-node-001"]
     for n in ("sim-node-000", "sim-node-001"):
         assert list((tmp_path / n / "queue").glob("*.batch"))
+
+
+def test_a_missing_module_names_the_right_fix() -> None:
+    """On a bare GPU box, `python -m gpufleet.cli agent` run from the checkout's root found the
+    checkout's gpufleet/ folder (the core, no agent/) and was told to install the server parts."""
+    from gpufleet.cli import missing_module_hint
+
+    own = missing_module_hint(ModuleNotFoundError("x", name="gpufleet.agent"), "agent")
+    assert "working directory" in own and "server" not in own
+    dep = missing_module_hint(ModuleNotFoundError("x", name="zstandard"), "agent")
+    assert "gpufleet[agent]" in dep and "zstandard" in dep
+    assert "gpufleet[server]" in missing_module_hint(ModuleNotFoundError("x", name="fastapi"), "serve")

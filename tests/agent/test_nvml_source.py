@@ -6,9 +6,10 @@ import subprocess
 import sys
 import time
 
+import pynvml
 import pytest
 
-from gpufleet.agent.sources.nvml import NvmlSource
+from gpufleet.agent.sources.nvml import SLOW_EVERY_S, NvmlSource
 from gpufleet.agent.sources.nvml_lib import NvmlUnavailable
 from gpufleet.catalog import CATALOG
 
@@ -30,7 +31,7 @@ def clock() -> Clock:
 
 def _two_reads(src: NvmlSource, clock: Clock) -> list:
     src.read(clock.t)
-    clock.t += 1.0
+    clock.t += SLOW_EVERY_S  # so the second read has the slow counters too (energy, PCIe replays)
     time.sleep(0.11)  # GPM samples must be >= 100 ms apart (monotonic clock)
     return src.read(clock.t)
 
@@ -56,6 +57,94 @@ def test_hopper_gets_every_catalog_field_nvml_can_give(clock: Clock) -> None:
         assert v["nvlink_tx_bytes_s"] == pytest.approx(100 * 2**30)
         assert v["power_w"] == 612.0 and v["gpu_util"] == 0.97 and v["fb_used_bytes"] == 60 * 2**30
         assert readings[1].values["mem_clock_mhz"] == 3201.0
+    finally:
+        src.close()
+
+
+def test_memory_used_leaves_out_the_drivers_reservation(clock: Clock) -> None:
+    """An idle H200 (driver 580) had 616 MiB reserved and 0 MiB used by nvidia-smi's count, but
+    NVML's v1 call said 616 MiB used: a reading that would show every idle GPU holding memory.
+    A driver without the v2 call (before R510) falls back to v1, once, and stays there."""
+    idle = h200(0)
+    idle.used = 0
+    old = h100(1)
+    old.reserved, old.used = 512 * 2**20, 2**30
+    old.unsupported.add("nvmlDeviceGetMemoryInfo_v2")
+    fake = FakeNvml([idle, old], clock=clock)
+    src = NvmlSource(fake, xid_events=False)
+    try:
+        for _ in range(3):
+            clock.t += 1
+            rows = {r.uuid: r.values for r in src.read(clock.t)}
+        assert rows[idle.uuid]["fb_used_bytes"] == 0.0
+        assert rows[idle.uuid]["fb_total_bytes"] == 143771 * 2**20
+        # the old driver's figure includes its reservation: the most that driver can say
+        assert rows[old.uuid]["fb_used_bytes"] == 2**30 + 512 * 2**20
+        assert fake.calls["nvmlDeviceGetMemoryInfo_v2"] == 3 + 1, "v2 asked of the old driver once only"
+        assert src.errors == 0
+    finally:
+        src.close()
+
+
+def test_a_gpu_without_nvlink_has_no_nvlink_readings(clock: Clock) -> None:
+    """Seen on an H200 passed through to a VM: every link's state NOT_SUPPORTED, while GPM said
+    0 MiB/s NVLink. Unknown is not zero: the rates are left out, not sent as an idle NVLink."""
+    pcie, sxm = h200(0), h200(1)
+    pcie.nvlinks = 0
+    pcie.nvlink_tx = pcie.nvlink_rx = 0.0
+    pcie.unsupported_fields = {38, 138, 139}
+    fake = FakeNvml([pcie, sxm], clock=clock)
+    src = NvmlSource(fake, xid_events=False)
+    try:
+        rows = {r.uuid: r.values for r in _two_reads(src, clock)}
+        assert not {"nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_error_count"} & set(rows[pcie.uuid])
+        assert rows[pcie.uuid]["tensor_active"] == pytest.approx(0.52), "the rest of GPM is still read"
+        assert rows[sxm.uuid]["nvlink_tx_bytes_s"] == pytest.approx(100 * 2**30)
+        links = pynvml.NVML_NVLINK_MAX_LINKS  # 36 in nvidia-ml-py 13
+        assert fake.calls["nvmlDeviceGetNvLinkState"] == links + 1, "asked at discovery only: each link of one"
+    finally:
+        src.close()
+
+
+def test_energy_and_pcie_replays_are_read_every_10_s_not_every_cycle(clock: Clock) -> None:
+    """The energy counter was 2.7-3.0 ms of a 4 ms field batch on an H200 (driver 580); it and
+    the PCIe replay counter are lifetime counters, so a reading every 10 s loses nothing."""
+    fake = FakeNvml([h200(0)], clock=clock)
+    src = NvmlSource(fake, xid_events=False)
+    try:
+        seen = []
+        for _ in range(25):  # 1 Hz for 25 s: t = 0, 10 and 20 carry the slow counters
+            (row,) = src.read(clock.t)
+            seen.append({"energy_j", "pcie_replay_count"} <= set(row.values))
+            assert "ecc_dbe_volatile" in row.values, "the other counters every cycle"
+            clock.t += 1.0
+        assert [i for i, s in enumerate(seen) if s] == [0, 10, 20]
+        assert fake.calls.get("nvmlDeviceGetTotalEnergyConsumption", 0) == 0, "no per-cycle fallback call"
+        clock.t -= 100.0  # a clock stepped back must not stall the slow counters
+        (row,) = src.read(clock.t)
+        assert "energy_j" in row.values
+    finally:
+        src.close()
+
+
+def test_a_failed_memory_read_is_left_out_not_read_as_v1(clock: Clock) -> None:
+    g = h200(0)
+    fake = FakeNvml([g], clock=clock)
+    src = NvmlSource(fake, xid_events=False)
+    real = fake.nvmlDeviceGetMemoryInfo
+    try:
+        def flaky(h, version=None):  # type: ignore[no-untyped-def]
+            if version:
+                raise fake.NVMLError(999)  # NVML_ERROR_UNKNOWN: a failure, not an old driver
+            return real(h, version)
+        fake.nvmlDeviceGetMemoryInfo = flaky  # type: ignore[method-assign]
+        clock.t += 1
+        (row,) = src.read(clock.t)
+        assert "fb_used_bytes" not in row.values and src.errors == 1
+        fake.nvmlDeviceGetMemoryInfo = real  # type: ignore[method-assign]
+        clock.t += 1
+        (row,) = src.read(clock.t)
+        assert row.values["fb_used_bytes"] == g.used, "still on v2: the reservation stays out"
     finally:
         src.close()
 
@@ -231,7 +320,8 @@ def test_xid_on_a_mig_instance_names_the_instance(clock: Clock) -> None:
 
 
 def test_real_gpu_script_runs_against_the_fake() -> None:
-    """bench/agent/nvml_real_gpu.py has not met a GPU yet: at least its own code paths run."""
+    """bench/agent/nvml_real_gpu.py runs on GPU nodes (docs/real-gpu.md); CI has none, so at
+    least its own code paths run here, the per-call timing table too."""
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "bench" / "agent" / "nvml_real_gpu.py"
@@ -240,6 +330,7 @@ def test_real_gpu_script_runs_against_the_fake() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "GPM supported on 2 of 7" in r.stdout and "per cycle over" in r.stdout
     assert "sm_active" in r.stdout and "PROBLEMS" not in r.stdout
+    assert "nvmlDeviceGetFieldValues" in r.stdout.split("NVML time by call")[1]
 
 
 def test_a_reset_gpu_comes_back_with_its_mig_instances(clock: Clock) -> None:

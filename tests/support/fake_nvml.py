@@ -58,7 +58,9 @@ class FakeGpu:
     # live state (what a workload would show), in NVML units
     util_gpu: int = 97
     util_mem: int = 41
-    used: int = 60 * GIB
+    used: int = 60 * GIB  # as nvidia-smi and DCGM count it: the driver's reservation apart
+    nvlinks: int = 18  # links that answer nvmlDeviceGetNvLinkState (0: a PCIe GPU without bridges)
+    reserved: int = 0  # what the driver keeps (nvmlMemory_v2_t.reserved); v1's "used" includes it
     power_mw: int = 612_000
     temp_c: int = 64
     clock_reasons: int = 0
@@ -96,7 +98,7 @@ def a100(index: int = 0, *, mig: bool = False, node: str = "fake") -> FakeGpu:
     no GPM; with ``mig`` four 1g.20gb instances (GPU instance ids 3-6, 14 SMs each)."""
     g = FakeGpu("NVIDIA A100-SXM4-80GB", 81920 * MIB, gpm=False, index=index, uuid=_uuid(f"{node}/a100/{index}"),
                 max_sm_clock=1410, mem_clock=1593, power_mw=312_000, nvlink_tx=60 * GIB, nvlink_rx=59 * GIB,
-                unsupported_fields={197, 198})
+                unsupported_fields={197, 198}, nvlinks=12)
     if mig:
         g.mig = [FakeMig(gi, "1g.20gb", 19968 * MIB, uuid=_uuid(f"{node}/a100/{index}/mig{gi}", "MIG"), parent=g)
                  for gi in (3, 4, 5, 6)]
@@ -117,7 +119,7 @@ def h100(index: int = 0, *, mig: bool = False, node: str = "fake") -> FakeGpu:
 def h200(index: int = 0, *, node: str = "fake") -> FakeGpu:
     """NVIDIA H200 (SXM, 141 GB HBM3e): 1980 MHz max SM, 3201 MHz memory, GPM supported."""
     return FakeGpu("NVIDIA H200", 143771 * MIB, gpm=True, index=index, uuid=_uuid(f"{node}/h200/{index}"),
-                   mem_clock=3201, power_mw=655_000)
+                   mem_clock=3201, power_mw=655_000, reserved=616 * MIB)  # reserved: as seen, driver 580
 
 
 class _Struct(SimpleNamespace):
@@ -153,6 +155,7 @@ class FakeNvml:
 
     NVMLError = NVMLError
     NVML_GPM_METRICS_GET_VERSION = 1
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
     c_nvmlGpmMetricsGet_t = GpmMetricsGet
 
     def __init__(self, gpus: list[FakeGpu], clock: Callable[[], float] = time.monotonic,
@@ -235,9 +238,21 @@ class FakeNvml:
         return f"{g.name} MIG {h.profile}" if isinstance(h, FakeMig) else g.name
 
     def nvmlDeviceGetMemoryInfo(self, h: Any, version: Any = None) -> _Struct:
-        self._gpu(h, "nvmlDeviceGetMemoryInfo")
+        # pynvml calls nvmlDeviceGetMemoryInfo_v2 when given a version: a driver before R510
+        # lacks it (list that name in FakeGpu.unsupported to model one).
+        g = self._gpu(h, "nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo")
         total = h.memory_total
-        return _Struct(total=total, used=h.used, free=total - h.used)
+        reserved = 0 if isinstance(h, FakeMig) else g.reserved
+        if version:
+            return _Struct(version=version, total=total, reserved=reserved, used=h.used,
+                           free=total - h.used - reserved)
+        return _Struct(total=total, used=h.used + reserved, free=total - h.used - reserved)
+
+    def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
+        g = self._gpu(h, "nvmlDeviceGetNvLinkState")
+        if link >= g.nvlinks:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 1  # NVML_FEATURE_ENABLED: the link is up
 
     def nvmlDeviceGetPciInfo(self, h: Any) -> _Struct:
         g = self._gpu(h, "nvmlDeviceGetPciInfo")
