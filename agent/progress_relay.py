@@ -188,13 +188,21 @@ class ProgressRelay:
 
 
 def one_job_on_node(agent: Any) -> Callable[[dict[str, Any]], str | None]:
-    """A stream that named no job belongs to the node's job when exactly one runs there."""
+    """A stream that named no job belongs to the job of the GPU its process runs on (NVML lists
+    the process there, when the agent shares the trainer's pid namespace); else to the node's
+    job when exactly one runs there."""
 
     def job_for(window: dict[str, Any]) -> str | None:
         last = getattr(agent, "last", None)
         if last is None:
             return None
-        jobs = set(last.attribution.gpu_job.values())
+        gpu_job = last.attribution.gpu_job
+        pid = window.get("pid")
+        if isinstance(pid, int):
+            mine = {gpu_job[r.uuid] for r in last.readings if pid in r.pids and r.uuid in gpu_job}
+            if len(mine) == 1:
+                return next(iter(mine))
+        jobs = set(gpu_job.values())
         return next(iter(jobs)) if len(jobs) == 1 else None
 
     return job_for

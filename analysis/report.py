@@ -179,11 +179,18 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     if feats.interval_s > 2.5:
         notes.append(f"samples every {feats.interval_s:g} s: input_stall (the busy/idle alternation) needs <= 2 s "
                      "sampling; a stalled job shows as low_sm_activity instead")
-    cov_note = job.coverage.note() if job is not None else None
-    if cov_note:
-        notes.append(cov_note)
-    if job is not None and not job.judged.any():
-        notes.append("no window had an activity signal (sm_active or gpu_util): nothing judged, no flag")
+    if job is not None and not job.w.valid.any():
+        # Every window is too thinly sampled to judge (a job shorter than one window, or one
+        # just started): that is not "metrics missing", which the coverage note would claim.
+        g_ = th.general
+        notes.append(f"no {g_.window_s / 60:g}-minute window has {g_.min_window_coverage:.0%} of its time sampled "
+                     f"yet ({max(0.0, last_ts - first_ts):.0f} s of samples): too short to judge, no flag")
+    else:
+        cov_note = job.coverage.note() if job is not None else None
+        if cov_note:
+            notes.append(cov_note)
+        if job is not None and not job.judged.any():
+            notes.append("no window had an activity signal (sm_active or gpu_util): nothing judged, no flag")
     report = {
         "version": REPORT_VERSION,
         "job_id": meta.job_id,

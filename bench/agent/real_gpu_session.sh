@@ -17,20 +17,9 @@
 #                      replay them into a real collector with bench/agent/replay_spool.py
 set -u
 OUT=${OUT:-/tmp/gf-real-gpu}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-here=$(pwd)
-step() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
-
-step "python packages"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gf-site .whl/*.whl
-fi
-# gpufleet's import namespace from the checkout's folders (setup.py's ROOTS; the agent needs two)
-pkg=/tmp/gf-pkg
-rm -rf "$pkg" && mkdir -p "$pkg/gpufleet"
-cp -r gpufleet/. "$pkg/gpufleet/" && cp -r agent "$pkg/gpufleet/agent"
-export PYTHONPATH="$pkg:/tmp/gf-site:$here${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+# shellcheck source=bench/agent/gpu_box_env.sh
+source bench/agent/gpu_box_env.sh
 python3 - <<'EOF'
 import sys, pynvml, torch, msgspec
 from importlib.metadata import version

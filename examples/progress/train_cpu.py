@@ -11,35 +11,17 @@ Runs under ``torchrun`` too (gloo): one progress stream per rank (RANK/WORLD_SIZ
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 T_START = time.time()  # before anything heavy: the process's own start
 
+from truth_log import Truth  # noqa: E402  (beside this script)
+
 from gpufleet import progress  # noqa: E402
 
 progress.init()
-
-
-class Truth:
-    def __init__(self, path: str | None) -> None:
-        self.f = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - one line per record, flushed
-        self.log(ev="start", t=T_START, pid=os.getpid())
-
-    def log(self, **rec: object) -> None:
-        if self.f is not None:
-            self.f.write(json.dumps(rec) + "\n")
-
-    @contextlib.contextmanager
-    def span(self, kind: str, **extra: object) -> Iterator[None]:
-        t0 = time.time()
-        with progress.span(kind):
-            yield
-        self.log(ev="span", kind=kind, t0=t0, t1=time.time(), **extra)
 
 
 def main() -> None:
@@ -55,7 +37,7 @@ def main() -> None:
     ap.add_argument("--hang-at", type=int, default=0, help="rank 1 blocks in a collective at this step (gloo)")
     ap.add_argument("--truth")
     a = ap.parse_args()
-    truth = Truth(a.truth)
+    truth = Truth(a.truth, T_START)
 
     with truth.span("init"):
         import torch

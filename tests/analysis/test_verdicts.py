@@ -41,6 +41,18 @@ def test_idle_gpus_without_profiling_flag_with_medium_confidence(interval: float
     assert res.wasted_gpu_hours <= res.allocated_gpu_hours + 1e-9
 
 
+def test_a_job_shorter_than_one_window_is_too_short_not_missing_metrics() -> None:
+    """A real 93 s training job on an H200 had every profiling metric, yet its report said
+    "profiling metrics missing on 1/1 GPUs": no 5-minute window was covered enough to judge."""
+    res = run(1, 1.5, 1.0, healthy_training)
+    assert res.findings == []
+    notes = res.report["notes"]
+    assert not any("profiling metrics missing" in n for n in notes), notes
+    assert any("too short to judge" in n for n in notes), notes
+    longer = run(1, 90, 1.0, healthy_training)
+    assert not any("too short" in n for n in longer.report["notes"])
+
+
 def test_no_activity_signal_no_flag() -> None:
     """Rows with memory only: nothing says whether a kernel ran, so nothing is concluded."""
     res = run(2, 120, 10.0, lambda t, g: {"fb_used_bytes": 1 * GIB, "fb_total_bytes": 80 * GIB})

@@ -200,3 +200,26 @@ def test_a_second_relay_does_not_steal_a_live_socket_but_replaces_a_stale_one(tm
     assert os.path.exists(path)
     second = ProgressRelay(path)
     second.close()
+
+
+def test_a_stream_without_a_job_goes_to_the_job_of_the_gpu_its_process_runs_on() -> None:
+    """Two process-attributed jobs on a node (no scheduler): each trainer's stream follows the
+    GPU NVML lists its pid on; an unknown pid with two jobs stays unnamed (stored under
+    unattributed-<host>-<pid> by the relay), with one job it goes to that job."""
+    from types import SimpleNamespace
+
+    from gpufleet.agent.progress_relay import one_job_on_node
+    from gpufleet.agent.runner import Sample
+    from gpufleet.agent.sources.base import GpuReading, SourceAttribution
+
+    two = SourceAttribution(gpu_job={"GPU-a": "n:100:1", "GPU-b": "n:200:2"})
+    agent = SimpleNamespace(last=Sample(ts=0.0, devices=[], attribution=two, readings=[
+        GpuReading("GPU-a", pids=(100,)), GpuReading("GPU-b", pids=(200, 201))]))
+    job_for = one_job_on_node(agent)
+    assert job_for({"pid": 200}) == "n:200:2" and job_for({"pid": 201}) == "n:200:2"
+    assert job_for({"pid": 100}) == "n:100:1"
+    assert job_for({"pid": 999}) is None, "two jobs and no GPU lists the pid: no guess"
+    agent.last = Sample(ts=0.0, devices=[], attribution=SourceAttribution(gpu_job={"GPU-a": "n:100:1"}),
+                        readings=[GpuReading("GPU-a", pids=(100,))])
+    assert job_for({"pid": 999}) == "n:100:1", "one job on the node: a containerised pid still lands"
+    assert one_job_on_node(SimpleNamespace(last=None))({"pid": 1}) is None
