@@ -23,8 +23,17 @@ from gpufleet.catalog import CATALOG
 from gpufleet.protocol import GpuInfo
 
 from .sources.base import GpuReading
+from .sources.nvml import SLOW_EVERY_S, SLOW_FIELDS
 
 log = logging.getLogger(__name__)
+
+
+# Lifetime counters a source reads less often than every cycle (the NVML source: energy and
+# PCIe replays every 10 s). A scrape shows their last reading for this long, so the series
+# stay continuous for Prometheus (a gap would break rate() on the energy counter); batches
+# to the collector carry them only when read.
+HELD_FIELDS = SLOW_FIELDS
+HELD_MAX_AGE_S = 3 * SLOW_EVERY_S
 
 
 class _GpuCollector(Collector):
@@ -33,10 +42,27 @@ class _GpuCollector(Collector):
         self.dcgm_names = dcgm_names
         self._lock = threading.Lock()
         self._snapshot: tuple[dict[str, GpuInfo], list[GpuReading], dict[str, str]] = ({}, [], {})
+        self._held: dict[tuple[str, str], tuple[float, float]] = {}  # (uuid, field) -> (value, monotonic t)
 
-    def update(self, devices: dict[str, GpuInfo], readings: list[GpuReading], gpu_job: dict[str, str]) -> None:
+    def update(self, devices: dict[str, GpuInfo], readings: list[GpuReading], gpu_job: dict[str, str],
+               now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        shown = []
+        for r in readings:
+            held: dict[str, float] = {}
+            for name in HELD_FIELDS:
+                key = (r.uuid, name)
+                if name in r.values:
+                    self._held[key] = (r.values[name], now)
+                elif key in self._held:
+                    value, t = self._held[key]
+                    if now - t <= HELD_MAX_AGE_S:
+                        held[name] = value
+                    else:
+                        del self._held[key]
+            shown.append(GpuReading(r.uuid, {**r.values, **held}, r.pids) if held else r)
         with self._lock:
-            self._snapshot = (devices, readings, dict(gpu_job))
+            self._snapshot = (devices, shown, dict(gpu_job))
 
     def describe(self) -> list[Any]:
         return []  # unchecked collector: families depend on what the GPUs report

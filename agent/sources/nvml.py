@@ -68,6 +68,7 @@ FIELD_VALUES: dict[int, tuple[str, str, float]] = {
 # difference of two readings) and cuts the agent's NVML cost per GPU by more than half.
 SLOW_FIELD_IDS = frozenset({83, 94})  # TOTAL_ENERGY_CONSUMPTION, PCIE_REPLAY_COUNTER
 SLOW_EVERY_S = 10.0
+SLOW_FIELDS = frozenset(FIELD_VALUES[i][0] for i in SLOW_FIELD_IDS)  # energy_j, pcie_replay_count
 _VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _RATIO_FIELDS = frozenset(f for f, s in GPM_METRICS.values() if s == 0.01)
 

@@ -356,3 +356,34 @@ def test_a_reset_gpu_comes_back_with_its_mig_instances(clock: Clock) -> None:
         assert [(e.code, e.gpu_uuid) for e in ev] == [(94, fake.gpus[1].uuid)]
     finally:
         src.close()
+
+
+def test_slow_counters_stay_on_the_metrics_endpoint_between_reads(clock: Clock) -> None:
+    """Energy is read every 10 s, but a Prometheus scrape at any second still finds it (its last
+    reading, at most 30 s old): a gap would break rate() on the counter. Batches carry it only
+    when read."""
+    from gpufleet.agent.metrics import HELD_MAX_AGE_S, AgentMetrics
+
+    g = h200(0)
+    fake = FakeNvml([g], clock=clock)
+    src = NvmlSource(fake, xid_events=False)
+    m = AgentMetrics("n")
+    devs = {d.uuid: d for d in src.devices()}
+    labels = {"gpu": "0", "uuid": g.uuid, "model": "NVIDIA H200", "node": "n", "job": ""}
+    try:
+        in_rows, scraped = 0, []
+        for _ in range(12):
+            rows = src.read(clock.t)
+            in_rows += "energy_j" in rows[0].values
+            m.gpu.update(devs, rows, {})
+            scraped.append(m.registry.get_sample_value("gpufleet_gpu_energy_j", labels))
+            clock.t += 1.0
+        assert in_rows == 2 and all(v is not None for v in scraped), scraped
+        assert m.registry.get_sample_value("gpufleet_gpu_pcie_replay_count", labels) is not None
+    finally:
+        src.close()
+    # A GPU that stops answering the counter: the held reading goes once it is too old.
+    for r in rows:
+        r.values.pop("energy_j", None)
+    m.gpu.update(devs, rows, {}, now=time.monotonic() + HELD_MAX_AGE_S + 1)
+    assert m.registry.get_sample_value("gpufleet_gpu_energy_j", labels) is None
