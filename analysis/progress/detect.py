@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..config import KindConfig, ProgressGeneral, Thresholds, load_thresholds
-from .detectors import PROGRESS_DETECTORS, ProgressContext, ProgressFinding
+from .detectors import PROGRESS_DETECTORS, ClockAt, ProgressContext, ProgressFinding
 from .detectors import slow_rank as _slow_rank
 from .detectors.checkpoints import young_daly_s
 from .model import Goodput, Window
@@ -103,7 +103,7 @@ def _last_step(ws: Sequence[Window]) -> int | None:
 
 
 def detect_all(windows: Sequence[Window], g: Goodput, now: float, th: ProgressThresholds | None = None,
-               gpu_busy: bool | None = None) -> list[ProgressFinding]:
+               gpu_busy: bool | None = None, clock_at: ClockAt | None = None) -> list[ProgressFinding]:
     """``hung`` from progress, then every progress kind's detector in ``PROGRESS_DETECTORS`` order."""
     th = th or ProgressThresholds.load()
     if not windows:
@@ -112,7 +112,7 @@ def detect_all(windows: Sequence[Window], g: Goodput, now: float, th: ProgressTh
     h = detect_hung(windows, now, th, gpu_busy)
     if h is not None:
         out.append(h)
-    ctx = ProgressContext(windows, g, now, th.general)
+    ctx = ProgressContext(windows, g, now, th.general, clock_at)
     for d in PROGRESS_DETECTORS:
         out.extend(d.detect(ctx, th.get(d.config)))
     return out

@@ -19,7 +19,7 @@ from gpufleet.storage.models import Flag
 from gpufleet.storage.progress_models import JobProgress
 
 from .detect import ProgressFinding, ProgressThresholds, detect_all
-from .load import goodput_for_job, hardware_now
+from .load import goodput_for_job, hardware_clock, hardware_now
 from .model import Goodput
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ def _wasted_gpu_hours(f: ProgressFinding, g: Goodput | None) -> float:
 def sync_job(conn: Connection, job_pk: int, now: float, th: ProgressThresholds | None = None) -> tuple[int, int]:
     """Open/update/resolve the job's progress flags; returns (opened, resolved)."""
     g, ws = goodput_for_job(conn, job_pk, now)
-    found = detect_all(ws, g, now, th, gpu_busy=hardware_now(conn, job_pk, ws)) if g is not None else []
+    found = (detect_all(ws, g, now, th, gpu_busy=hardware_now(conn, job_pk, ws),
+                        clock_at=hardware_clock(conn, job_pk, ws)) if g is not None else [])
     reg = flag_kinds()
     t = Flag.__table__
     existing = {(r["kind"], r["scope"]): r for r in conn.execute(

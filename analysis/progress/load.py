@@ -16,6 +16,7 @@ from gpufleet.storage.models import Gpu, Job, Node, job_samples_1m
 from gpufleet.storage.progress_models import JobProgress
 
 from .detect import ProgressThresholds, detect_all
+from .detectors import ClockAt
 from .goodput import GpuBusy, job_goodput
 from .model import Allocation, Goodput, Window
 
@@ -89,6 +90,31 @@ def goodput_for_job(conn: Connection | Session, job_pk: int, now: float, *,
                        n_gpus=n_gpus or None, gpu_busy=busy), ws
 
 
+BUSY_FOR_CLOCKS = 0.5  # minutes busier than this say what clock the GPUs ran their work at
+
+
+def hardware_clock(conn: Connection | Session, job_pk: int, ws: list[Window]) -> ClockAt | None:
+    """The job's GPUs' SM clock over [a, b] from its 1-minute rollups, sample-weighted, busy
+    minutes only: an idle GPU drops its clocks, which says nothing about how fast it worked."""
+    if not ws:
+        return None
+    t = job_samples_1m
+    t0, t1 = min(w.start for w in ws), max(w.end for w in ws)
+    rows = conn.execute(select(t.c.bucket, t.c.n, t.c.sm_clock_mhz, t.c.gpu_util, t.c.sm_active).where(
+        t.c.job_pk == job_pk, t.c.bucket >= t0 - 60, t.c.bucket <= t1)).all()
+    busy = [(float(b), float(n), float(c)) for b, n, c, u, sm in rows
+            if c is not None and n and max(u or 0.0, sm or 0.0) >= BUSY_FOR_CLOCKS]
+    if not busy:
+        return None
+
+    def clock_at(a: float, b: float) -> float | None:
+        got = [(n, c) for m, n, c in busy if m + 60 > a and m < b]
+        weight = sum(n for n, _ in got)
+        return sum(n * c for n, c in got) / weight if weight else None
+
+    return clock_at
+
+
 def hardware_now(conn: Connection | Session, job_pk: int, ws: list[Window]) -> bool | None:
     """The job's GPUs busy over its newest 2 minutes of progress (the hang cross-check)."""
     if not ws:
@@ -111,7 +137,8 @@ def goodput_view(conn: Connection | Session, job_pk: int, now: float, *, eval_pr
     out = g.as_dict()
     out["findings"] = [{"kind": f.kind, "scope": f.scope, "severity": f.severity, "ongoing": f.ongoing,
                         "start_ts": f.start_ts, "end_ts": f.end_ts, "evidence": f.evidence}
-                       for f in detect_all(ws, g, now, th, gpu_busy=hardware_now(conn, job_pk, ws))]
+                       for f in detect_all(ws, g, now, th, gpu_busy=hardware_now(conn, job_pk, ws),
+                                           clock_at=hardware_clock(conn, job_pk, ws))]
     out["per_rank"] = [{"rank": p.rank, "host": p.host, "node": p.node, "gpu": p.gpu,
                         "productive_s": round(p.productive_s, 3), "badput_s": {k: round(v, 3) for k, v in
                                                                                p.badput_s.items()},

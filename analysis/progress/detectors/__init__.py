@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import checkpoint_overhead, restart_lost_progress, slow_rank, startup_overhead, step_time_regression
-from .base import ProgressContext, ProgressDetectorSpec, ProgressFinding
+from .base import ClockAt, ProgressContext, ProgressDetectorSpec, ProgressFinding
 
 
 def _spec(module: Any) -> ProgressDetectorSpec[Any]:
@@ -20,4 +20,4 @@ PROGRESS_DETECTORS: tuple[ProgressDetectorSpec[Any], ...] = tuple(_spec(m) for m
     step_time_regression, slow_rank, restart_lost_progress, checkpoint_overhead, startup_overhead,
 ))
 
-__all__ = ["PROGRESS_DETECTORS", "ProgressContext", "ProgressDetectorSpec", "ProgressFinding"]
+__all__ = ["PROGRESS_DETECTORS", "ClockAt", "ProgressContext", "ProgressDetectorSpec", "ProgressFinding"]

@@ -21,6 +21,10 @@ from ..model import Goodput, Window
 
 WINDOW_S = 10.0  # the relay's window (gpufleet/progress_fold.py)
 
+# The job's GPUs' mean SM clock (MHz) over [a, b] from the hardware rollups, None where no
+# minute is known. Lets a progress finding say whether the GPUs themselves slowed down.
+ClockAt = Callable[[float, float], "float | None"]
+
 
 @dataclass
 class ProgressFinding:
@@ -40,6 +44,7 @@ class ProgressContext:
     goodput: Goodput
     now: float
     general: ProgressGeneral
+    clock_at: ClockAt | None = None  # None: no hardware rows for the job (progress alone)
 
     @property
     def newest(self) -> float:

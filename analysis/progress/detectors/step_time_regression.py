@@ -1,10 +1,15 @@
-"""The job's step time rose above its own baseline and stayed there (docs/progress.md)."""
+"""The job's step time rose above its own baseline and stayed there (docs/progress.md).
+
+With the job's hardware rows, the finding also says whether the GPUs slowed down with it: the
+mean SM clock of the slow stretch against the baseline's. Clocks that fell (power or thermal
+capping, clocks locked lower) point at the hardware; steady clocks clear it and point at the
+work itself: the input pipeline, communication, a longer sequence or memory growth."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ...config import KindConfig
 from .base import WINDOW_S, ProgressContext, ProgressFinding, finding, r, series
@@ -12,11 +17,23 @@ from .base import WINDOW_S, ProgressContext, ProgressFinding, finding, r, series
 KIND = "step_time_regression"
 
 
+CLOCK_FELL = 0.9  # the slow stretch's SM clock under this share of the baseline's: the GPUs slowed
+
+
 @dataclass(frozen=True, kw_only=True)
 class Config(KindConfig):
     SECTION: ClassVar[str] = KIND
     ratio: float  # recent step time over the baseline
     min_windows: int  # recent windows (10 s each) it must hold for
+
+
+def _clocks(ctx: ProgressContext, base: tuple[float, float], slow: tuple[float, float]) -> dict[str, Any]:
+    """The GPUs' SM clock over the baseline and the slow stretch, and what that says."""
+    if ctx.clock_at is None:
+        return {"sm_clock_baseline_mhz": None, "sm_clock_recent_mhz": None, "gpu_clocks": "not known"}
+    b, s = ctx.clock_at(*base), ctx.clock_at(*slow)
+    verdict = "not known" if not b or s is None else ("fell" if s < CLOCK_FELL * b else "steady")
+    return {"sm_clock_baseline_mhz": r(b, 0), "sm_clock_recent_mhz": r(s, 0), "gpu_clocks": verdict}
 
 
 def detect(ctx: ProgressContext, cfg: Config) -> list[ProgressFinding]:
@@ -34,7 +51,12 @@ def detect(ctx: ProgressContext, cfg: Config) -> list[ProgressFinding]:
     rec = statistics.median(v for _, v in recent)
     start, end = s[k][0], s[-1][0] + WINDOW_S
     ranks = len({w.rank for w in ctx.windows})
-    return [finding(KIND, cfg, "progress", start, end, ctx.now - s[-1][0] < ctx.general.fresh_s + WINDOW_S, {
+    hw = _clocks(ctx, (s[1][0], s[max(2, len(s) // 3) - 1][0] + WINDOW_S), (start, end))
+    out = finding(KIND, cfg, "progress", start, end, ctx.now - s[-1][0] < ctx.general.fresh_s + WINDOW_S, {
         "baseline_step_s": r(base, 4), "recent_step_s": r(rec, 4), "ratio": r(rec / base, 3),
-        "threshold_ratio": cfg.ratio, "windows": len(s) - k},  # the slow stretch's start is the flag's start_ts
-        wasted_rank_s=(end - start) * (1.0 - base / rec) * ranks)]
+        "threshold_ratio": cfg.ratio, "windows": len(s) - k,  # the slow stretch's start is the flag's start_ts
+        **hw}, wasted_rank_s=(end - start) * (1.0 - base / rec) * ranks)
+    if hw["gpu_clocks"] != "not known":
+        out.evidence["judged_from"] = ["progress", "hardware"]
+        out.evidence["cause"] = "gpu_clocks" if hw["gpu_clocks"] == "fell" else "work"
+    return [out]
