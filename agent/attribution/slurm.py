@@ -37,6 +37,10 @@ def job_from_environ(job_id: str, env: dict[str, str]) -> JobInfo:
         labels["array"] = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
     if env.get("SLURM_HET_JOB_ID"):
         labels["het_job"] = env["SLURM_HET_JOB_ID"]
+    if env.get("SLURM_JOB_QOS"):
+        # the QoS often names the kind of work (interactive, inference, debug): the analysis
+        # reads labels["qos"] for the workload class (analysis/workload.py)
+        labels["qos"] = env["SLURM_JOB_QOS"]
     return JobInfo(job_id=job_id, source="slurm", user=env.get("SLURM_JOB_USER") or None,
                    name=env.get("SLURM_JOB_NAME") or None, account=env.get("SLURM_JOB_ACCOUNT") or None,
                    partition=env.get("SLURM_JOB_PARTITION") or None,

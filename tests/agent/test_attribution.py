@@ -54,7 +54,8 @@ def test_slurm_processes_mapping_dir_and_gpustat(tmp_path: Path) -> None:
     jobs.mkdir()
     gpustat.mkdir()
     env = {"SLURM_JOB_ID": "280678", "SLURM_JOB_USER": "alice", "SLURM_JOB_NAME": "bert", "SLURM_JOB_ACCOUNT": "nlp",
-           "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "16"}
+           "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "16",
+           "SLURM_JOB_QOS": "interactive"}
     fake_proc(proc, 101, CG_V1, env)
     fake_proc(proc, 202, CG_V2, {"SLURM_JOB_ID": "1392969", "SLURM_JOB_USER": "bob"})
     fake_proc(proc, 303, CG_NONE)
@@ -68,6 +69,11 @@ def test_slurm_processes_mapping_dir_and_gpustat(tmp_path: Path) -> None:
     assert a.gpu_job == {"GPU-0": "280678", "GPU-1": "1392969", "GPU-2": "777", "GPU-3": "888"}
     j = a.jobs["280678"]
     assert (j.user, j.name, j.account, j.partition, j.num_nodes, j.ntasks) == ("alice", "bert", "nlp", "gpu", 2, 16)
+    assert j.labels["qos"] == "interactive"
+    # ... which the analysis reads for the workload class (the partition "gpu" says nothing)
+    from gpufleet.analysis.workload import classify
+
+    assert classify(source="slurm", name="bert", partition="gpu", labels=j.labels).name == "interactive"
     assert a.jobs["1392969"].user == "bob"
     assert a.jobs["777"] == JobInfo(job_id="777", source="slurm")
     assert a.jobs["888"].user == "root"
