@@ -54,7 +54,7 @@ def node_timeseries(session: Session, node: Node, *, fields: list[str], step: st
     if gpus:
         t = gpu_samples_1m
         b = _bucket(session, s, t.c.bucket).label("b")
-        q = (select(t.c.gpu_pk, b, *(_agg(f, t.c[f]).label(f) for f in fields))
+        q = (select(t.c.gpu_pk, b, *(_agg(f, t.c[f], t.c.n).label(f) for f in fields))
              .where(t.c.gpu_pk.in_(list(pos)), t.c.bucket >= t0, t.c.bucket < t_end).group_by(t.c.gpu_pk, b))
         for r in session.execute(q):
             i = min(n - 1, max(0, int((float(r.b) - t0) // s)))

@@ -2,7 +2,10 @@
 
 The database does the bucketing (GROUP BY a step-aligned bucket), so a 24 h x 64 GPU job
 returns a few hundred points per GPU, never the raw samples. Each field is aggregated the
-way the catalog says it rolls up (mean stays mean, max stays max)."""
+way the catalog says it rolls up (mean stays mean, max stays max). A mean over minutes weighs
+each minute by the samples it holds (its ``n``), so a point is the mean of the stored samples:
+an unweighted mean counts a job's partial first and last minutes, and a 10 s agent's minute,
+as much as a full 1 Hz one."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from gpufleet.catalog import CATALOG
 from gpufleet.storage.dialect import is_sqlite
 from gpufleet.storage.models import Job, gpu_samples_1m, job_samples_1m
 
-from .common import BadRequest, now
+from .common import BadRequest, now, rollup_mean
 from .jobs import job_gpus
 
 DEFAULT_FIELDS = ("sm_active", "tensor_active", "dram_active", "power_w", "sm_clock_mhz")
@@ -28,8 +31,8 @@ MAX_VALUES = 1_000_000  # GPUs x fields x points in one answer; the step grows t
 ROLLUP_S = 60
 
 
-def _agg(field: str, col: Any) -> Any:
-    return func.max(col) if _is_max(field) else func.avg(col)
+def _agg(field: str, col: Any, n: Any) -> Any:
+    return func.max(col) if _is_max(field) else rollup_mean(col, n)
 
 
 def _is_max(field: str) -> bool:
@@ -147,7 +150,8 @@ def _grids(session: Session, table: Any, fields: list[str], *, job_id: int, t0: 
            n: int, keys: list[int] | None, raw: bool, only_keys: bool) -> list[np.ndarray]:
     """Each field's points on the axis t0 + step * i: per GPU in ``keys`` order, or one line.
 
-    A point is the mean (or max, as the catalog says the field rolls up) of the minutes in it.
+    A point is the max (as the catalog says the field rolls up) of the minutes in it, or their
+    mean weighed by each minute's samples; the rows' third column is that weight (``n``).
     ``raw`` (1-minute points): the rows are read as they are, no GROUP BY; else the database
     groups them by the step, which for a 64-GPU day at 240 s took 170 ms where reading the
     92,160 minutes and reducing them here took 260 ms (the rows' serialisation dominates).
@@ -163,7 +167,7 @@ def _grids(session: Session, table: Any, fields: list[str], *, job_id: int, t0: 
             params["step"] = float(step)
         if by_gpu and only_keys:
             params["keys"] = list(keys or [])
-        rows = _pg_rows(session, sql, params, 2 + len(fields), grouped=not raw)
+        rows = _pg_rows(session, sql, params, 3 + len(fields), grouped=not raw)
     width = len(keys) if keys is not None else 1
     if by_gpu:
         order = np.argsort(np.asarray(keys, dtype=np.float64))
@@ -176,18 +180,22 @@ def _grids(session: Session, table: Any, fields: list[str], *, job_id: int, t0: 
     point = ((rows[:, 1] - t0) // step).astype(np.int64)
     keep = (row_of >= 0) & (point >= 0) & (point < n)
     flat = row_of[keep] * n + point[keep]
+    weight = rows[keep, 2]
     out = []
     for k, f in enumerate(fields):
-        v = rows[keep, 2 + k]
+        v = rows[keep, 3 + k]
         seen = ~np.isnan(v)
         if _is_max(f):
             grid = np.full(width * n, np.nan)
             np.fmax.at(grid, flat[seen], v[seen])
         else:
-            total = np.bincount(flat[seen], weights=v[seen], minlength=width * n)
-            count = np.bincount(flat[seen], minlength=width * n)
+            # grouped rows are one per point (already weighed in SQL); 1-minute rows of several
+            # GPUs on one line (the job line from GPU rollups) weigh by their samples here
+            w = weight[seen]
+            total = np.bincount(flat[seen], weights=v[seen] * w, minlength=width * n)
+            count = np.bincount(flat[seen], weights=w, minlength=width * n)
             with np.errstate(invalid="ignore", divide="ignore"):
-                grid = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+                grid = np.where(count > 0, total / np.where(count > 0, count, 1), np.nan)
         out.append(grid.reshape(width, n))
     return out
 
@@ -198,11 +206,12 @@ def _sqlite_rows(session: Session, table: Any, fields: list[str], *, job_id: int
     c = table.c
     if raw:
         b: Any = c.bucket
-        cols = [c.gpu_pk if by_gpu else literal_column("0"), b, *(c[f] for f in fields)]
+        cols = [c.gpu_pk if by_gpu else literal_column("0"), b, c.n, *(c[f] for f in fields)]
         group: list[Any] = []
     else:
         b = _bucket(session, step, c.bucket)
-        cols = [c.gpu_pk if by_gpu else literal_column("0"), b, *(_agg(f, c[f]) for f in fields)]
+        cols = [c.gpu_pk if by_gpu else literal_column("0"), b, func.sum(c.n),
+                *(_agg(f, c[f], c.n) for f in fields)]
         group = [c.gpu_pk, b] if by_gpu else [b]
     q = select(*cols).where(c.job_pk == job_id, c.bucket >= t0, c.bucket < t_end)
     if group:
@@ -231,14 +240,16 @@ def _pg_sql(table: str, fields: tuple[str, ...], *, by_gpu: bool, raw: bool, onl
 
     Every column comes back as float8 with NULL as NaN, so the rows have one fixed layout numpy
     reads in one call (the NaN becomes null in the JSON, as NULL did). A mean is sum / count
-    of float8 (what avg computes, without avg's three-element array state per group)."""
+    of float8 weighed by each minute's samples ``n`` over the minutes where the field is known
+    (the mean of the stored samples, as ``common.rollup_mean``). The third column is the weight."""
     if raw:
         bucket = "bucket"
-        vals = [f"coalesce({f}::float8, 'NaN')" for f in fields]
+        vals = ["n::float8", *(f"coalesce({f}::float8, 'NaN')" for f in fields)]
     else:
         bucket = "floor(bucket / %(step)s) * %(step)s"
-        vals = [f"coalesce(max({f})::float8, 'NaN')" if _is_max(f)
-                else f"coalesce(sum({f}::float8) / count({f}), 'NaN')" for f in fields]
+        vals = ["sum(n)::float8", *(f"coalesce(max({f})::float8, 'NaN')" if _is_max(f)
+                else f"coalesce(sum({f}::float8 * n) / sum(n) FILTER (WHERE {f} IS NOT NULL), 'NaN')"
+                for f in fields)]
     gpu = "gpu_pk::float8" if by_gpu else "0::float8"
     sql = (f"SELECT {gpu}, {bucket}, {', '.join(vals)} FROM {table} "
            "WHERE job_pk = %(job)s AND bucket >= %(t0)s AND bucket < %(t_end)s")
@@ -248,8 +259,8 @@ def _pg_sql(table: str, fields: tuple[str, ...], *, by_gpu: bool, raw: bool, onl
         sql += " GROUP BY 1, 2"
     # One row back: each column as one float8[] in PostgreSQL's binary array format (array_send),
     # read by numpy in one call. (Binary COPY would do too, but psycopg yields it row by row.)
-    names = ", ".join(f"c{k}" for k in range(2 + len(fields)))
-    aggs = ", ".join(f"array_send(array_agg(c{k}))" for k in range(2 + len(fields)))
+    names = ", ".join(f"c{k}" for k in range(3 + len(fields)))
+    aggs = ", ".join(f"array_send(array_agg(c{k}))" for k in range(3 + len(fields)))
     return f"SELECT {aggs} FROM ({sql}) AS q({names})"
 
 

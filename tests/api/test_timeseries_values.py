@@ -25,7 +25,9 @@ FIELDS = ("sm_active", "temp_c", "xid_last", "nvlink_tx_bytes_s")  # mean, max, 
 
 def _seed(engine: Engine, start: float) -> tuple[list[str], dict[tuple[int, float], dict[str, float | None]]]:
     """Three GPUs of job "tsjob", random values; GPU 1 misses minutes 10-19; GPU 2 never
-    reports NVLink; GPU 0's temperature is missing in minute 7. No job rollups."""
+    reports NVLink; GPU 0's temperature is missing in minute 7. No job rollups. Each minute
+    holds a random number of samples (``n``, kept under the key "n"): a coarser point weighs
+    its minutes by it, as a mean over the stored samples does."""
     rng = random.Random(16)
     rows: list[dict[str, Any]] = []
     known: dict[tuple[int, float], dict[str, float | None]] = {}
@@ -49,9 +51,10 @@ def _seed(engine: Engine, start: float) -> tuple[list[str], dict[tuple[int, floa
                     "nvlink_tx_bytes_s": None if i == 2 else 1e9 * rng.random()}
                 if i == 0 and m == 7:
                     v["temp_c"] = None
-                known[(i, ts)] = v
+                n = rng.choice([1, 6, 30, 60])  # partial minutes: an agent's start, a 10 s cadence
+                known[(i, ts)] = {**v, "n": float(n)}
                 r: dict[str, Any] = {f.name: None for f in CATALOG.fields}
-                r.update(v, bucket=ts, last_ts=ts + 59, gpu_pk=pk, job_pk=jpk, n=60)
+                r.update(v, bucket=ts, last_ts=ts + 59, gpu_pk=pk, job_pk=jpk, n=n)
                 rows.append(r)
         c.execute(insert(gpu_samples_1m), rows)
     return uuids, known
@@ -59,12 +62,15 @@ def _seed(engine: Engine, start: float) -> tuple[list[str], dict[tuple[int, floa
 
 def _expected(known: dict[tuple[int, float], dict[str, float | None]], gpus: list[int] | None, field: str,
               t: float, step: int) -> float | None:
-    """The point at t: mean (or max) of the minutes [t, t + step) of those GPUs (None: all)."""
-    vals = [v[field] for (g, ts), v in known.items()
-            if (gpus is None or g in gpus) and t <= ts < t + step and v[field] is not None]
-    if not vals:
+    """The point at t: the max, or the mean over the samples (each minute weighed by its ``n``),
+    of the minutes [t, t + step) of those GPUs (None: all)."""
+    got = [(v[field], v["n"]) for (g, ts), v in known.items()
+           if (gpus is None or g in gpus) and t <= ts < t + step and v[field] is not None]
+    if not got:
         return None
-    return max(vals) if CATALOG[field].rollup in ("max", "last") else sum(vals) / len(vals)  # type: ignore[arg-type]
+    if CATALOG[field].rollup in ("max", "last"):
+        return max(x for x, _ in got)  # type: ignore[type-var]
+    return sum(x * n for x, n in got) / sum(n for _, n in got)  # type: ignore[operator, misc]
 
 
 def _close(got: float | None, want: float | None, field: str) -> bool:
@@ -134,3 +140,19 @@ def test_timeseries_points_parameter_sets_the_auto_step(tsjob: tuple[httpx.Clien
     assert ts["step"] == 300 and ts["points"] in (10, 11)  # 11 when start is not on a 300-s boundary
     for bad in (0, 9, 5001, "many"):
         assert c.get("/api/v1/jobs/tsjob/timeseries", params={"points": bad}).status_code in (400, 422)
+
+
+def test_node_series_weigh_each_minute_by_its_samples(tsjob: tuple[httpx.Client, Seeded, list[str], Known]) -> None:
+    """The node page's per-GPU lines group minutes the same way: a 3-minute point is the mean
+    of the samples stored in it, not of the minutes (each minute here holds 1-60 samples)."""
+    c, s, uuids, known = tsjob
+    r = c.get("/api/v1/nodes/ts-node/timeseries",
+              params={"fields": ",".join(FIELDS), "step": "180", "start": s.start, "end": s.start + MINUTES * 60})
+    assert r.status_code == 200, r.text
+    ts = r.json()
+    assert [g["uuid"] for g in ts["gpus"]] == uuids and ts["step"] == 180
+    for f in FIELDS:
+        for g in range(3):
+            want = [_expected(known, [g], f, t, 180) for t in ts["t"]]
+            bad = [(t, x, y) for t, x, y in zip(ts["t"], ts["series"][f][g], want, strict=True) if not _close(x, y, f)]
+            assert not bad, (f, g, bad[:3])
