@@ -42,6 +42,8 @@ def _parts() -> list[ModuleType]:
 
 
 def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifespan] | None = None) -> FastAPI:
+    from gpufleet.api.schemas import Message
+
     settings = settings or Settings.from_env()
     url = settings.database_url()
     parts = _parts()
@@ -63,6 +65,11 @@ def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifesp
         description="GPU fleet telemetry and goodput: which jobs waste GPUs, why, how much, and what to do.",
         lifespan=lifespan,
         docs_url=None, redoc_url=None,  # api/web.py serves both from local assets (no CDN)
+        # WebGuard (below) answers any request without an Authorization header whose Host the
+        # server does not answer to: every operation can return it, so every one documents it.
+        responses={421: {"model": Message, "description": "Host is not one this server answers to, and the request "
+                                                          "has no Authorization header (GPUFLEET_ALLOWED_HOSTS; "
+                                                          "protects against DNS rebinding)"}},
     )
     app.state.settings = settings
     app.state.database_url = url

@@ -15,6 +15,7 @@ GPU rows would multiply them and hide which port erred.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -50,17 +51,39 @@ def parse_state(text: str) -> str | None:
     return (t.split(":", 1)[1].strip() if ":" in t else t) or None
 
 
-def _read(p: Path) -> str | None:
+def _read_bytes(p: str | Path) -> bytes | None:
+    """A sysfs attribute's bytes. os.open/os.read, not Path.read_text: a node has ~250 of these
+    every 10 s and the text wrapper made each read 3-4x dearer (14 vs 4 us measured here)."""
     try:
-        return p.read_text()
-    except (OSError, ValueError):
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 65536)  # sysfs answers in one read (a page at most)
+        if len(data) < 65536:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read(p: str | Path) -> str | None:
+    b = _read_bytes(p)
+    try:
+        return None if b is None else b.decode()
+    except UnicodeDecodeError:
         return None
 
 
-def _int(p: Path) -> int | None:
-    t = _read(p)
+def _int(p: str | Path) -> int | None:
+    b = _read_bytes(p)
     try:
-        return int(t.split()[0]) if t else None
+        return int(b.split()[0]) if b else None
     except (ValueError, IndexError):
         return None
 
@@ -74,6 +97,7 @@ class NicHealthSampler:
         self._prev: dict[str, tuple[float, dict[str, int]]] = {}
         self._last = -1e18
         self._ports: list[tuple[str, Path]] | None = None
+        self._paths: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {}
 
     def ports(self) -> list[tuple[str, Path]]:
         if self._ports is None:
@@ -87,24 +111,33 @@ class NicHealthSampler:
 
     def _counters(self, port: Path) -> dict[str, int]:
         out: dict[str, int] = {}
-        for sub, names in (("counters", PORT_COUNTERS), ("hw_counters", HW_COUNTERS)):
-            d = port / sub
-            if not d.is_dir():
+        for d, names in self._plan(port):
+            if not os.path.isdir(d):
                 continue
-            for n in names:
-                v = _int(d / n)
+            for n, path in names:
+                v = _int(path)
                 if v is not None:
                     out[n] = v
+        base = str(port)
         for key, ext, plain in (("tx_bytes", "port_xmit_data_64", "port_xmit_data"),
                                 ("rx_bytes", "port_rcv_data_64", "port_rcv_data")):
-            v = _int(port / "counters_ext" / ext)
+            v = _int(f"{base}/counters_ext/{ext}")
             if v is None:
-                v = _int(port / "counters" / plain)
+                v = _int(f"{base}/counters/{plain}")
                 if v is not None and v >= SATURATED_32:
                     v = None
             if v is not None:
                 out[key] = v * 4  # octets / 4 on the wire
         return out
+
+    def _plan(self, port: Path) -> list[tuple[str, list[tuple[str, str]]]]:
+        """The counter files' paths, joined once per port (Path joins cost more than the reads)."""
+        plan = self._paths.get(str(port))
+        if plan is None:
+            plan = [(f"{port}/{sub}", [(n, f"{port}/{sub}/{n}") for n in names])
+                    for sub, names in (("counters", PORT_COUNTERS), ("hw_counters", HW_COUNTERS))]
+            self._paths[str(port)] = plan
+        return plan
 
     def sample(self, now: float, *, force: bool = False) -> list[NicSample]:
         if not force and now - self._last < self.interval_s - 1e-6:

@@ -9,6 +9,7 @@ httpx (schemathesis' requests transport trips over the urllib3-future installed 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,9 @@ from hypothesis import strategies as st
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
 
-MAX_EXAMPLES = 100
+# per operation; GPUFLEET_FUZZ_EXAMPLES raises it for a longer hunt (the suite keeps 100;
+# 2,000 takes over 10 min here: add --timeout 3600, or pytest-timeout stops it at 600 s)
+MAX_EXAMPLES = int(os.environ.get("GPUFLEET_FUZZ_EXAMPLES", "100"))
 OWN = ("/api/v1/jobs", "/api/v1/nodes", "/api/v1/gpus", "/api/v1/fleet", "/api/v1/flags", "/api/v1/catalog",
        "/healthz", "/readyz", "/metrics")
 

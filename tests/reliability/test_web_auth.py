@@ -115,6 +115,21 @@ def test_bearer_requests_skip_the_host_check(database_url: str, live_server) -> 
         assert c.get("/api/v1/fleet/summary", headers={"Host": "gpufleet.svc.cluster.local"}).status_code == 421
 
 
+def test_the_host_refusal_is_documented_on_every_operation(database_url: str, live_server) -> None:  # type: ignore[no-untyped-def]
+    # Found by a long fuzz run (GPUFLEET_FUZZ_EXAMPLES=2000): an empty Authorization header and
+    # a generated "host" header gave a 421 that the OpenAPI spec did not list.
+    srv = live_server(database_url, allow_anonymous=False)
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        r = c.get("/api/v1/jobs/%26/progress", headers={"Host": "S8o", "Authorization": ""})
+        assert r.status_code == 421 and "GPUFLEET_ALLOWED_HOSTS" in r.json()["detail"]
+        spec = c.get("/openapi.json").json()
+    ops = [(path, method, op) for path, item in spec["paths"].items() for method, op in item.items()]
+    assert len(ops) > 20
+    undocumented = [f"{m.upper()} {p}" for p, m, op in ops if "421" not in op["responses"]]
+    assert not undocumented
+    assert spec["paths"]["/api/v1/jobs/{job_id}/progress"]["get"]["responses"]["421"]["content"]["application/json"]
+
+
 # --- sign-in, sessions, CSRF ----------------------------------------------------------------------
 
 
