@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gpufleet.pod_jobs import DEFAULT_PATTERNS as DEFAULT_POD_JOB_PATTERNS
+from gpufleet.pod_jobs import PodJobs
+
 GIB = 1024**3
 SOURCES = ("nvml", "dcgm-exporter", "simulator")
 ATTRIBUTORS = ("slurm", "kubernetes", "process")
@@ -59,6 +62,9 @@ class AgentConfig:
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
     attribution_ttl_s: float = 5.0  # re-ask the kubelet / re-read /proc at most this often
+    # pod-name patterns whose (?P<job>...) group names a multi-pod job (gpufleet/pod_jobs.py);
+    # "none" = every pod its own job
+    kubernetes_job_patterns: tuple[str, ...] = DEFAULT_POD_JOB_PATTERNS
     # delivery
     timeout_s: float = 10.0
     backoff_base_s: float = 1.0
@@ -92,6 +98,7 @@ class AgentConfig:
             raise ValueError(f"spool_max_bytes {self.spool_max_bytes} is below 1 MiB")
         if self.compress not in ("zstd", "gzip", "none"):
             raise ValueError(f"compress {self.compress!r}: use zstd, gzip or none")
+        PodJobs(self.kubernetes_job_patterns)  # ValueError names the pattern and what is wrong
         if not self.collector_url.startswith(("http://", "https://")):
             raise ValueError(f"collector_url {self.collector_url!r} must start with http:// or https://")
 
@@ -133,6 +140,9 @@ FIELD_DOCS: dict[str, str] = {
     "proc_root": "where /proc is (tests, containers)",
     "sys_root": "where /sys is (tests, containers)",
     "attribution_ttl_s": "re-ask the kubelet / re-read /proc at most this often",
+    "kubernetes_job_patterns": "comma list of pod-name regexes whose `(?P<job>...)` group names the job a pod "
+                               "belongs to (default: Kubeflow training operator and JobSet names; `none`: "
+                               "one job per pod; docs/agent.md)",
     "timeout_s": "HTTP timeout per push",
     "backoff_base_s": "first retry delay after a failed push (doubles up to backoff_max_s)",
     "backoff_max_s": "longest retry delay",

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpufleet.catalog import CATALOG, Field
+from gpufleet.pod_jobs import DEFAULT as DEFAULT_POD_JOBS
+from gpufleet.pod_jobs import PodJobs
 from gpufleet.protocol import JobInfo
 
 BY_DCGM: dict[str, Field] = CATALOG.by_dcgm_name()
@@ -72,10 +74,11 @@ def gpu_identity(labels: Mapping[str, str]) -> GpuIdentity | None:
     return GpuIdentity(parent, index, labels.get("modelName", ""))
 
 
-def job_from_labels(labels: Mapping[str, str]) -> JobInfo | None:
+def job_from_labels(labels: Mapping[str, str], pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> JobInfo | None:
     """The job a GPU's series are attributed to: an explicit ``gpufleet_job`` (a relabel rule
     the operator writes), else dcgm-exporter's ``hpc_job`` (its Slurm job mapping), else the
-    pod (``namespace/pod``) from its pod-resources mapping. ``gpufleet_user`` names the user."""
+    pod's: its owner where the pod's name says one (``namespace/<PyTorchJob or JobSet>``,
+    gpufleet/pod_jobs.py), else ``namespace/pod``. ``gpufleet_user`` names the user."""
     user = labels.get("gpufleet_user", "").strip() or None
     explicit = labels.get("gpufleet_job", "").strip()
     hpc = labels.get("hpc_job", "").strip()
@@ -86,19 +89,14 @@ def job_from_labels(labels: Mapping[str, str]) -> JobInfo | None:
     pod = _pod(labels)
     if pod is None:
         return None
-    name, ns, extra = pod
-    return JobInfo(job_id=f"{ns}/{name}", source="kubernetes", name=name, namespace=ns, labels=extra, user=user)
+    name, ns, container, uid = pod
+    return pod_jobs.job(ns, name, container, uid, user=user)
 
 
-def _pod(labels: Mapping[str, str]) -> tuple[str, str, dict[str, str]] | None:
+def _pod(labels: Mapping[str, str]) -> tuple[str, str, str | None, str | None] | None:
     for pod_k, ns_k, ctr_k in POD_LABELS:
         pod = labels.get(pod_k, "").strip()
         if pod:
             ns = labels.get(ns_k, "").strip() or "default"
-            extra = {"pod": pod}
-            if labels.get(ctr_k):
-                extra["container"] = labels[ctr_k]
-            if labels.get("pod_uid"):
-                extra["pod_uid"] = labels["pod_uid"]
-            return pod, ns, extra
+            return pod, ns, labels.get(ctr_k) or None, labels.get("pod_uid") or None
     return None

@@ -31,10 +31,12 @@ def build_attributors(cfg: AgentConfig, source: object = None) -> list[Attributo
                                    proc_root=cfg.proc_root,
                                    gpu_instance_ids=getattr(source, "gpu_instance_ids", None)))
     if "kubernetes" in wanted or (auto and cfg.kubelet_socket.exists()):
+        from gpufleet.pod_jobs import PodJobs
+
         from .kubernetes import KubernetesAttributor
 
         out.append(KubernetesAttributor(socket_path=cfg.kubelet_socket, proc_root=cfg.proc_root,
-                                        ttl_s=cfg.attribution_ttl_s))
+                                        ttl_s=cfg.attribution_ttl_s, pod_jobs=PodJobs(cfg.kubernetes_job_patterns)))
     if "process" in wanted or auto:
         from .processes import ProcessAttributor
 

@@ -14,6 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from gpufleet.pod_jobs import DEFAULT as DEFAULT_POD_JOBS
+from gpufleet.pod_jobs import PodJobs
 from gpufleet.protocol import GpuInfo, JobInfo
 
 from ..sources.base import GpuReading, SourceAttribution
@@ -83,7 +85,9 @@ class KubernetesAttributor:
     name = "kubernetes"
 
     def __init__(self, socket_path: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
-                 proc_root: Path = Path("/proc"), ttl_s: float = 5.0, timeout_s: float = 2.0) -> None:
+                 proc_root: Path = Path("/proc"), ttl_s: float = 5.0, timeout_s: float = 2.0,
+                 pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> None:
+        self.pod_jobs = pod_jobs
         self.socket_path = Path(socket_path)
         self.proc_root = Path(proc_root)
         self.ttl_s = ttl_s
@@ -116,10 +120,10 @@ class KubernetesAttributor:
             if owner is None:
                 continue
             ns, pod, container = owner
-            job_id = f"{ns}/{pod}"
-            a.gpu_job[d.uuid] = job_id
-            a.jobs.setdefault(job_id, JobInfo(job_id=job_id, source="kubernetes", name=pod, namespace=ns,
-                                              labels={"pod": pod, "container": container}))
+            # a PyTorchJob's or JobSet's pods are one job (gpufleet/pod_jobs.py), else the pod
+            info = self.pod_jobs.job(ns, pod, container)
+            a.gpu_job[d.uuid] = info.job_id
+            a.jobs.setdefault(info.job_id, info)
         for r in readings:
             if r.uuid in a.gpu_job:
                 continue

@@ -25,9 +25,11 @@ def open_source(cfg: AgentConfig) -> list[tuple[str, Source]]:
                                node_name=cfg.node if cfg.node_given else None)
         return [(n, fleet.source(n)) for n in fleet.node_names()]
     if kind == "dcgm-exporter":
+        from gpufleet.pod_jobs import PodJobs
+
         from .dcgm_exporter import DcgmExporterSource
 
-        return [(cfg.node, DcgmExporterSource(cfg.dcgm_exporter_url))]
+        return [(cfg.node, DcgmExporterSource(cfg.dcgm_exporter_url, pod_jobs=PodJobs(cfg.kubernetes_job_patterns)))]
     from .nvml import NvmlSource, NvmlUnavailable
 
     try:

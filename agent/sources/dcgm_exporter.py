@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.dcgm import FB_FREE as _FB_FREE
 from gpufleet.dcgm import FB_RESERVED as _FB_RESERVED
 from gpufleet.dcgm import field_for, gpu_identity, job_from_labels
+from gpufleet.pod_jobs import DEFAULT as DEFAULT_POD_JOBS
+from gpufleet.pod_jobs import PodJobs
 from gpufleet.protocol import Event, GpuInfo, JobInfo
 
 from .base import GpuReading, SourceAttribution
@@ -53,9 +55,10 @@ class ExporterGpu:
                        parent_uuid=self.parent_uuid, memory_total_bytes=total)
 
 
-def parse_exposition(text: str) -> dict[str, ExporterGpu]:
+def parse_exposition(text: str, pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> dict[str, ExporterGpu]:
     """GPUs by uuid from a Prometheus text exposition. Series without a GPU identity
-    (label-less dummies in real dumps) and fields outside the catalog are skipped."""
+    (label-less dummies in real dumps) and fields outside the catalog are skipped. A pod's
+    job is its owner where ``pod_jobs`` reads one from the pod's name."""
     gpus: dict[str, ExporterGpu] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -73,7 +76,7 @@ def parse_exposition(text: str) -> dict[str, ExporterGpu]:
                                                    mig_profile=ident.mig_profile, parent_uuid=ident.parent_uuid,
                                                    gi_id=ident.gi_id)
             if g.job is None:
-                g.job = job_from_labels(lab)
+                g.job = job_from_labels(lab, pod_jobs)
             value = float(s.value)
             if value != value:  # NaN: the exporter had no value this round
                 continue
@@ -94,9 +97,10 @@ class DcgmExporterSource:
     name = "dcgm-exporter"
 
     def __init__(self, url: str = "http://localhost:9400/metrics", timeout_s: float = 5.0,
-                 client: object | None = None) -> None:
+                 client: object | None = None, pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> None:
         import httpx
 
+        self.pod_jobs = pod_jobs
         self.url = url
         self.client = client or httpx.Client(timeout=timeout_s)
         self.errors = 0
@@ -112,7 +116,7 @@ class DcgmExporterSource:
         try:
             resp = self.client.get(self.url)  # type: ignore[attr-defined]
             resp.raise_for_status()
-            return parse_exposition(resp.text)
+            return parse_exposition(resp.text, self.pod_jobs)
         except (httpx.HTTPError, ValueError) as e:
             self.errors += 1
             now = time.monotonic()

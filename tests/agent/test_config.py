@@ -28,7 +28,8 @@ def test_every_setting_has_an_env_twin() -> None:
     env = {}
     for f in dataclasses.fields(AgentConfig):
         env[env_name(f.name)] = {"collector_url": "http://x:1", "attributors": "slurm,process", "source": "nvml",
-                                 "compress": "gzip", "metrics_addr": "127.0.0.1"}.get(f.name, "")
+                                 "compress": "gzip", "metrics_addr": "127.0.0.1",
+                                 "kubernetes_job_patterns": "none"}.get(f.name, "")
     # Fill the rest with values of the right type and check each one lands.
     samples = {int: "7", float: "11.5", bool: "false", Path: "/tmp/x", str: "abc"}
     hints = AgentConfig.__annotations__
@@ -49,6 +50,7 @@ def test_every_setting_has_an_env_twin() -> None:
     assert cfg.spool_max_bytes == 2**21 and cfg.metrics_port == 9500
     assert cfg.token == "abc" and cfg.node == "abc"
     assert cfg.fsync is False and cfg.spool_dir == Path("/tmp/x")
+    assert cfg.kubernetes_job_patterns == ("none",)
 
 
 def test_token_env_twin_and_bad_values() -> None:
@@ -59,6 +61,17 @@ def test_token_env_twin_and_bad_values() -> None:
         load_config(None, {"GPUFLEET_INTERVAL_S": "10", "GPUFLEET_FLUSH_S": "1"})
     with pytest.raises(ValueError, match="source"):
         load_config(None, {"GPUFLEET_SOURCE": "magic"})
+
+
+def test_pod_job_patterns_from_env_and_a_bad_one_named() -> None:
+    custom = load_config(None, {"GPUFLEET_KUBERNETES_JOB_PATTERNS": r"^(?P<job>.+)-\d+$, ^(?P<job>x)$"})
+    assert custom.kubernetes_job_patterns == (r"^(?P<job>.+)-\d+$", "^(?P<job>x)$")
+    kubeflow = r"-(?:master|worker|chief|ps|evaluator|launcher)-\d+$"
+    assert load_config(None, {}).kubernetes_job_patterns[0].endswith(kubeflow)
+    bad = r"^(.+)-\d+$"
+    with pytest.raises(ValueError, match="has no") as e:
+        load_config(None, {"GPUFLEET_KUBERNETES_JOB_PATTERNS": bad})
+    assert repr(bad) in str(e.value)
 
 
 def test_unknown_file_key_is_named(tmp_path: Path) -> None:

@@ -87,6 +87,25 @@ def test_mig_and_label_variants() -> None:
     assert "pcie_tx_bytes_s" not in b.values and b.counters["pcie_tx_bytes_s"] == 1000.0
 
 
+
+JOBSET = """\
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pod="llm-node-0-0-x7k2p",namespace="ml",container="trainer"} 90
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",pod="llm-node-0-1-q2w3e",namespace="ml",container="trainer"} 80
+DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-2",pod="llm-node-0-2-r4t5y",namespace="ml",gpufleet_job="override"} 70
+"""
+
+
+def test_a_jobsets_pods_scrape_as_one_job_unless_told_otherwise() -> None:
+    from gpufleet.pod_jobs import PodJobs
+
+    gpus = parse_exposition(JOBSET)
+    assert {u: g.job.job_id for u, g in gpus.items() if g.job} == {
+        "GPU-0": "ml/llm", "GPU-1": "ml/llm", "GPU-2": "override"}  # an explicit relabel wins
+    assert gpus["GPU-0"].job == gpus["GPU-1"].job, "one description of the job from every pod"
+    apart = parse_exposition(JOBSET, PodJobs(("none",)))
+    assert apart["GPU-1"].job is not None and apart["GPU-1"].job.job_id == "ml/llm-node-0-1-q2w3e"
+
 class Exporter:
     def __init__(self) -> None:
         self.body = ""

@@ -12,6 +12,7 @@ import pytest
 
 from gpufleet.agent.attribution.kubernetes import SERVICE, KubernetesAttributor, messages
 from gpufleet.agent.sources.base import GpuReading
+from gpufleet.pod_jobs import PodJobs
 from gpufleet.protocol import GpuInfo
 
 from .test_attribution import fake_proc
@@ -80,3 +81,29 @@ def test_pod_uid_from_cgroup_when_the_kubelet_is_away(sock: Path, tmp_path: Path
     a = k.attribute(DEVICES, [GpuReading("GPU-1", pids=(77,)), GpuReading("GPU-0", pids=(78,))], 0.0)
     assert a.gpu_job == {"GPU-1": f"pod-uid/{uid}"} and k.errors == 1
     assert a.jobs[f"pod-uid/{uid}"].labels == {"pod_uid": uid}
+
+
+def test_a_pytorchjobs_pods_are_one_job_and_none_keeps_them_apart(sock: Path, tmp_path: Path) -> None:
+    kubelet = FakeKubelet(sock)
+    try:
+        kubelet.pods = [("ml", "llm-master-0", "pytorch", "nvidia.com/gpu", ["GPU-0"]),
+                        ("ml", "llm-worker-0", "pytorch", "nvidia.com/gpu", ["GPU-1"]),
+                        ("ml", "solo-0", "main", "nvidia.com/mig-1g.10gb", ["MIG-2a"])]
+        a = KubernetesAttributor(sock, proc_root=tmp_path, ttl_s=60).attribute(DEVICES, [], 0.0)
+        assert a.gpu_job == {"GPU-0": "ml/llm", "GPU-1": "ml/llm", "MIG-2a": "ml/solo-0"}
+        assert a.jobs["ml/llm"].name == "llm" and a.jobs["ml/llm"].labels == {"job_from": "pod name"}
+        apart = KubernetesAttributor(sock, proc_root=tmp_path, ttl_s=60, pod_jobs=PodJobs(("none",)))
+        b = apart.attribute(DEVICES, [], 0.0)
+        assert b.gpu_job == {"GPU-0": "ml/llm-master-0", "GPU-1": "ml/llm-worker-0", "MIG-2a": "ml/solo-0"}
+    finally:
+        kubelet.stop()
+
+
+def test_the_agent_builds_its_attributor_with_the_configured_patterns(sock: Path, tmp_path: Path) -> None:
+    from gpufleet.agent.attribution import build_attributors
+    from gpufleet.agent.config import load_config
+
+    cfg = load_config(None, {"GPUFLEET_ATTRIBUTORS": "kubernetes", "GPUFLEET_KUBELET_SOCKET": str(sock),
+                             "GPUFLEET_KUBERNETES_JOB_PATTERNS": r"^(?P<job>.+)-\d+$"})
+    (k,) = build_attributors(cfg)
+    assert isinstance(k, KubernetesAttributor) and k.pod_jobs.owner("vllm-3") == "vllm"

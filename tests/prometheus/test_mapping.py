@@ -102,6 +102,15 @@ def test_attribution_order_explicit_relabel_then_slurm_then_exported_pod() -> No
     assert mig.parent_uuid == "GPU-4" and mig.mig_profile == "1g.10gb"
 
 
+
+def test_a_pytorchjobs_pods_arrive_as_one_job_by_remote_write() -> None:
+    conv = _convert(body([
+        _one({"exported_pod": f"bert-worker-{i}", "exported_namespace": "team-a", "UUID": f"GPU-{i}"})
+        for i in range(3)]))
+    (b,) = conv.batches
+    assert set(b.samples["job"]) == {"team-a/bert"}
+    assert [j.job_id for j in b.jobs] == ["team-a/bert"]
+
 def test_samples_that_are_no_reading_are_counted_never_stored() -> None:
     conv = _convert(body([
         _one({}, STALE),
