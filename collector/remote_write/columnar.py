@@ -236,6 +236,10 @@ def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates
     for s, v in zip(ids[fbi].tolist(), value[fbi].tolist(), strict=True):
         u, name = fb_key[s]  # type: ignore[misc]  # not None: fb_name[s] is set
         fb.setdefault(u, {})[name] = v
+    extras = slots.node[ids[ok & (fcode == _FB_EXTRA)]]  # held as the memory total, not a row's value
+    if len(extras):
+        for ncode, k in zip(*np.unique(extras, return_counts=True), strict=True):
+            conv.folded[slots.nodes[int(ncode)]] += int(k)
     # Rows are sorted by node first: each node's rows are one range, cut into batches of
     # max_rows. What every batch needs per row (times, GPUs, jobs, each field as the protocol's
     # list with None where missing) is built once for the whole body and sliced per batch.

@@ -215,6 +215,9 @@ class Conversion:
     snapshot_updates: dict[SnapshotKey, SnapshotToken] = field(default_factory=dict)
     gpu_updates: dict[tuple[str, str, int], GpuInfo] = field(default_factory=dict)
     columnar: bool = False  # converted by columnar.convert_columnar (the answer says which path)
+    # samples kept without becoming a row's value (framebuffer free/reserved -> the GPU's memory
+    # total, NCCL series -> collectives), by node: remote write 2.0's Samples-Written counts them
+    folded: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> dict[str, object]:
         return {"series": self.series, "samples": self.samples, "values": self.stored_values,
@@ -281,6 +284,7 @@ def convert(req: WriteRequest, series_map: SeriesMap, rates: RateState, *, clust
                 continue
             if f is None:  # framebuffer free / reserved, MiB
                 node.fb.setdefault(uuid, {})[m.name] = raw * dcgm.MIB
+                conv.folded[m.node] += 1
                 continue
             if is_rate:
                 k = (cluster, uuid, f.name)
@@ -331,6 +335,7 @@ def _add_nccl(conv: Conversion, nodes: dict[str, _Node], m: NcclSeries, samples:
             conv.dropped["in_future"] += 1
         else:
             node.nccl.setdefault((m.ident, ts_ms), {})[m.kind] = raw
+            conv.folded[m.node] += 1
 
 
 def _collectives(conv: Conversion, node: str, n: _Node, cluster: str,

@@ -30,7 +30,7 @@ from gpufleet.collector.answers import Answer, BodyReader, answer, read_limited_
 from gpufleet.protocol import ProtocolError
 from gpufleet.storage import tokens
 
-from . import wire
+from . import wire, wire_v2
 from .columnar import Slots, convert_columnar
 from .mapping import SERIES_CACHE_MAX, Conversion, RateState, SeriesMap, SnapshotState, convert
 
@@ -39,6 +39,31 @@ _json = msgspec.json.Encoder()
 _pack = msgspec.msgpack.Encoder().encode
 
 PROTOBUF = "application/x-protobuf"
+V1_PROTO = "prometheus.WriteRequest"
+# Remote write 2.0's answer headers: how many of the request's samples, native histograms and
+# exemplars the receiver holds. The spec wants them on every answer to a 2.0 request.
+WRITTEN_SAMPLES = b"x-prometheus-remote-write-samples-written"
+WRITTEN_HISTOGRAMS = b"x-prometheus-remote-write-histograms-written"
+WRITTEN_EXEMPLARS = b"x-prometheus-remote-write-exemplars-written"
+
+
+def proto_of(content_type: str | None) -> str | None:
+    """The protobuf message a Content-Type names: ``prometheus.WriteRequest`` (1.0, also when
+    it names none), ``io.prometheus.write.v2.Request`` (2.0), another name as given, or None
+    when the media type is not ``application/x-protobuf``."""
+    parts = (content_type or PROTOBUF).split(";")
+    if parts[0].strip().lower() != PROTOBUF:
+        return None
+    for p in parts[1:]:
+        k, _, v = p.partition("=")
+        if k.strip().lower() == "proto":
+            return v.strip().strip('"')
+    return V1_PROTO
+
+
+def _field_values(batch: Any) -> int:
+    """The values a stored batch holds (its field columns' non-null cells)."""
+    return sum(len(v) - v.count(None) for k, v in batch.samples.items() if k not in ("ts", "gpu", "job"))
 
 
 class Stats:
@@ -94,6 +119,9 @@ class Receiver:
         status, body, extra = await self._handle(headers, read_body, cluster_param)
         if status >= 300:
             self.stats.add(status)
+        if proto_of(headers.get(b"content-type")) == wire_v2.PROTO and not any(k == WRITTEN_SAMPLES for k, _ in extra):
+            # refused before anything was stored (auth, media type, body): nothing written
+            extra = [*extra, (WRITTEN_SAMPLES, b"0"), (WRITTEN_HISTOGRAMS, b"0"), (WRITTEN_EXEMPLARS, b"0")]
         return status, body, extra
 
     async def _handle(self, h: dict[bytes, str], read_body: BodyReader, cluster_param: str | None) -> Answer:
@@ -109,12 +137,14 @@ class Receiver:
         cluster = who.cluster or (cluster_param or "").strip() or "default"
         if who.cluster is not None and cluster_param and cluster_param != who.cluster:
             return answer(403, f"token {who.name!r} may write cluster {who.cluster!r}, not {cluster_param!r}")
-        ctype = (h.get(b"content-type") or PROTOBUF).lower()
-        if ctype.split(";")[0].strip() != PROTOBUF:
+        ctype = h.get(b"content-type") or PROTOBUF
+        proto = proto_of(ctype)
+        if proto is None:
             return answer(415, f"unsupported Content-Type {ctype!r}: remote write sends {PROTOBUF}")
-        if "io.prometheus.write.v2" in ctype:
-            return answer(415, "remote write 2.0 (io.prometheus.write.v2.Request) is not supported yet: "
-                                "send 1.0 (protobuf_message: prometheus.WriteRequest)")
+        if proto not in (V1_PROTO, wire_v2.PROTO):
+            return answer(415, f"unsupported protobuf message {proto!r}: send {V1_PROTO} (remote write 1.0) or "
+                                f"{wire_v2.PROTO} (2.0)")
+        v2 = proto == wire_v2.PROTO
         enc = (h.get(b"content-encoding") or "").strip().lower()
         if enc != "snappy":
             return answer(415, f"unsupported Content-Encoding {enc or 'none'!r}: remote write bodies are snappy")
@@ -124,16 +154,13 @@ class Receiver:
             return body
         # Decoding and regrouping are CPU work (milliseconds for a 2,000-series body): off the
         # event loop, so ingest requests and API reads keep being answered meanwhile.
-        parsed = await asyncio.get_running_loop().run_in_executor(self._parser, self._parse, body, cluster, limit)
+        parsed = await asyncio.get_running_loop().run_in_executor(self._parser, self._parse, body, cluster, limit,
+                                                                  v2)
         if isinstance(parsed, tuple):
             return parsed
-        return await self._store(parsed)
+        return await self._store(parsed, v2)
 
-    def _parse(self, body: bytes, cluster: str, limit: int) -> Conversion | Answer:
-        from gpufleet.collector.columns import prepare
-        from gpufleet.collector.errors import BatchRejected
-        from gpufleet.collector.validate import check_batch
-
+    def _parse(self, body: bytes, cluster: str, limit: int, v2: bool = False) -> Conversion | Answer:
         coll = self.coll
         try:
             raw = wire.unsnappy(body, max_size=limit)
@@ -145,17 +172,32 @@ class Receiver:
         # Same request bytes -> same keys: a retry after a lost answer is a duplicate. The
         # compressed bytes: a sender retries the very buffer it sent (Prometheus, vmagent and
         # Alloy keep the snappy block), and they are ~13x fewer to hash than the decompressed.
-        digest = hashlib.blake2b(body, digest_size=12, person=b"gpufleet-rw", key=cluster.encode()[:64]).hexdigest()
+        digest = hashlib.blake2b(body, digest_size=12, person=b"gpufleet-rw2" if v2 else b"gpufleet-rw",
+                                 key=cluster.encode()[:64]).hexdigest()
         conv: Conversion | None = None
-        # The body read once by the C pass where it is built (wire.scan; None: the Python
-        # decoder's turn). A steady-state body (known series, one sample each) is converted over
-        # whole arrays; anything else, or what the columnar path declines, the general way.
+        # The body read once by the C pass where it is built (wire.scan, wire_v2.scan for 2.0, whose
+        # keys are 1.0's label bytes; None: the Python decoder's turn). A steady-state body (known
+        # series, one sample each) is converted over whole arrays; anything else, or what the
+        # columnar path declines, the general way.
         try:
-            scanned = wire.scan(raw)
+            found = wire_v2.scan(raw) if v2 else None
+            scanned = found[0] if found is not None else None if v2 else wire.scan(raw)
         except ProtocolError as e:
             return answer(400, str(e))
         # (convert_columnar checks the keys are known)
-        cols = scanned.single_samples() if scanned is not None else wire.scan_single_samples(raw, None, native=False)
+        if scanned is not None and v2:
+            # 2.0 carries each series' type in every body (1.0 sends metadata apart from the
+            # samples): the families are noted first, so the columnar path takes these bodies too
+            cols = wire.SingleSamples(scanned.keys, scanned.ts_ms, scanned.values) \
+                if scanned.single and scanned.keys else None
+            if cols is not None and scanned.metadata:
+                with self._lock:
+                    for fam, kind in scanned.metadata.items():
+                        self.rates.counter_families[fam] = kind == wire.COUNTER
+        elif scanned is not None:
+            cols = scanned.single_samples()
+        else:
+            cols = None if v2 else wire.scan_single_samples(raw, None, native=False)
         if cols is not None:
             with self._lock:
                 conv = convert_columnar(cols, self.series, self.slots, self.rates, cluster=cluster, digest=digest,
@@ -163,13 +205,27 @@ class Receiver:
                                         max_rows=max_rows)
         if conv is None:
             try:
-                req = scanned.request() if scanned is not None else wire.decode(raw, self.series.known, native=False)
+                if scanned is not None:
+                    req = scanned.request()
+                elif v2:
+                    req = wire_v2.decode(raw, native=False).request
+                else:
+                    req = wire.decode(raw, self.series.known, native=False)
             except ProtocolError as e:
                 return answer(400, str(e))
             with self._lock:  # the series map and the rate state are shared by concurrent requests
                 conv = convert(req, self.series, self.rates, cluster=cluster, digest=digest, now=now,
                                max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, max_rows=max_rows,
                                snapshots=self.snapshots)
+        return self._checked(conv, cluster, now, max_rows)
+
+    def _checked(self, conv: Conversion, cluster: str, now: float, max_rows: int) -> Conversion:
+        """``conv``'s batches prepared for the write path and checked as ingest checks them."""
+        from gpufleet.collector.columns import prepare
+        from gpufleet.collector.errors import BatchRejected
+        from gpufleet.collector.validate import check_batch
+
+        cfg = self.coll.config
         with self._lock:
             self._keep_memory_totals(conv, cluster)
         built, conv.prepared = conv.prepared, []
@@ -209,7 +265,7 @@ class Receiver:
                         memory.clear()
                     memory[k] = g.memory_total_bytes
 
-    async def _store(self, conv: Conversion) -> Answer:
+    async def _store(self, conv: Conversion, v2: bool = False) -> Answer:
         from gpufleet.collector.errors import BatchRejected
         from gpufleet.collector.writer import Overloaded, Unavailable
 
@@ -224,7 +280,7 @@ class Receiver:
             except (Overloaded, Unavailable) as e:
                 busy = str(e)
                 break
-        rows = dupes = skipped = colls = 0
+        rows = dupes = skipped = colls = written = 0
         for prep, fut in zip(conv.prepared, futs, strict=False):
             try:
                 res = await fut
@@ -240,14 +296,21 @@ class Receiver:
                 continue
             rows += res.stored
             dupes += int(res.duplicate)
+            if v2:  # held now, by this request or by the identical one it retries
+                written += _field_values(prep.batch)
+                if prep.batch.agent.seq & 0xFFFFF == 0:  # a node's first batch carries what was folded
+                    written += conv.folded[prep.batch.agent.node]
             if not res.duplicate:
                 colls += len(prep.batch.collectives)
                 # the write path keeps one sample per (GPU, ts): a row whose GPU and time were
                 # stored before (another shard's request carried other fields of it) is skipped
                 skipped += max(0, prep.n - res.stored)
+        v2_headers = [(WRITTEN_SAMPLES, str(written).encode()), (WRITTEN_HISTOGRAMS, b"0"),
+                      (WRITTEN_EXEMPLARS, b"0")] if v2 else []
         if busy is not None:  # (handle() counts the answer)
-            return answer(503, f"{busy}; retry (committed parts are acknowledged as duplicates)",
-                           cfg.retry_after_s)
+            status, text, extra = answer(503, f"{busy}; retry (committed parts are acknowledged as duplicates)",
+                                         cfg.retry_after_s)
+            return status, text, extra + v2_headers
         with self._lock:
             # a 4xx is never retried: the NCCL snapshots of the nodes stored are counted (a 503
             # is retried with the same bytes, which must fold the same records again)
@@ -255,7 +318,9 @@ class Receiver:
         if rejected:
             status = rejected[0][0]
             log.warning("remote write: %d batch(es) refused: %s", len(rejected), rejected[0][1])
-            return answer(status, "; ".join(d for _, d in rejected[:5]) + " (the request's other nodes are stored)")
+            status, text, extra = answer(status, "; ".join(d for _, d in rejected[:5])
+                                         + " (the request's other nodes are stored)")
+            return status, text, extra + v2_headers
         with self._lock:
             self.rates.commit(conv.rate_updates)
         self.stats.add(200, conv, rows, dupes, skipped, colls)
@@ -264,6 +329,8 @@ class Receiver:
         out["duplicate_batches"] = dupes
         out["rows_already_stored"] = skipped
         out["collectives_stored"] = colls
-        return 200, _json.encode(out), []
+        if v2:
+            out["samples_written"] = written
+        return 200, _json.encode(out), v2_headers
 
 

@@ -20,6 +20,7 @@ import struct
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 import cramjam
 import numpy as np
@@ -170,18 +171,34 @@ def scan(raw: bytes) -> Scanned | None:
     message, for the same first fault); None where the C pass is not built or leaves the body
     to the Python decoder (a label after a series' samples, a length of 2**48 or more, a varint
     of 2**64 or more where a number is kept: valid protobuf that no sender writes)."""
+    got = native_scan("scan", raw, "WriteRequest")
+    return None if got is None else scanned_of(got)
+
+
+def native_scan(name: str, raw: bytes, message: str) -> tuple[Any, ...] | None:
+    """The C pass ``name`` (``scan``, ``scan_v2``) over ``raw``: its tuple, None where it is not
+    built or hands the body to Python, ProtocolError naming ``message`` where it is malformed."""
     if _NATIVE is None:
         return None
     try:
-        got = _NATIVE.scan(raw)
+        got: tuple[Any, ...] | None = getattr(_NATIVE, name)(raw)
     except ValueError as e:
-        raise ProtocolError(f"malformed WriteRequest protobuf: {e}") from None
-    if got is None:
-        return None
-    keys, first, ts, values, hist, meta, single = got
-    metadata: dict[str, int] = {}
-    for name, kind in meta:  # (in body order: the last entry of a family wins, as in _metadata)
-        metadata[name.decode("utf-8", "replace")] = kind
+        raise ProtocolError(f"malformed {message} protobuf: {e}") from None
+    return got
+
+
+def scanned_of(got: tuple[Any, ...]) -> Scanned:
+    """The C pass's tuple (``scan``'s, or ``scan_v2``'s first seven) as ``Scanned``."""
+    keys, first, ts, values, hist, meta, single = got[:7]
+    # one (family, type) per metadata entry, in body order (2.0: one per typed series): dict()
+    # keeps the last of each family (as _metadata does) at C speed and only the distinct ones
+    # are decoded; names that are not UTF-8 may collide once replaced: then entry by entry
+    try:
+        metadata = {name.decode("utf-8"): kind for name, kind in dict(meta).items()}
+    except UnicodeDecodeError:
+        metadata = {}
+        for name, kind in meta:
+            metadata[name.decode("utf-8", "replace")] = kind
     return Scanned(keys, np.frombuffer(first, dtype=np.int64), np.frombuffer(ts, dtype=np.int64),
                    np.frombuffer(values, dtype=np.float64), np.frombuffer(hist, dtype=np.int64), metadata, single)
 
