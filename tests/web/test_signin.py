@@ -249,3 +249,42 @@ def test_tokens_page_is_for_admins(browser: Any, prod: tuple[Any, dict[str, str]
         assert revoked is not None
     finally:
         ctx.close()
+
+
+@pytest.mark.parametrize(("page", "role", "loaded"), [("silences", "viewer", "1"), ("tokens", "admin", "3")])
+def test_a_page_script_that_arrives_after_the_session_still_loads_the_page(
+        browser: Any, prod: tuple[Any, dict[str, str], str], page: str, role: str, loaded: str) -> None:
+    """The page's script held back until /api/v1/auth/me has answered (what a slow static fetch
+    or a busy box does): the session's one event has fired before the script listens, and the
+    page must load all the same (a CI run caught the silences page empty this way)."""
+    import time
+
+    import httpx
+
+    srv, toks, _ = prod
+    r = httpx.post(srv.url + "/api/v1/alerts/silences", json={**SILENCE, "reason": "seeded"},
+                   headers={"Authorization": f"Bearer {toks['operator']}"})
+    assert r.status_code == 201
+    ctx = browser.new_context(viewport={"width": 1280, "height": 700})
+    p = Page(ctx.new_page(), srv.url)
+    pg = p.page
+
+    def late(route: Any) -> None:
+        time.sleep(1.5)
+        route.continue_()
+
+    try:
+        pg.goto(srv.url + f"/signin?next=/{page}")
+        _sign_in(p, toks[role])
+        pg.wait_for_url(_at(f"/{page}"))
+        ctx.route(f"**/static/auth/{page}.js", late)
+        pg.reload()
+        pg.wait_for_function(f"() => document.getElementById('{page}').dataset.loaded === '{loaded}'", timeout=20_000)
+        # the browser's own timings: the session answered before the page's script arrived
+        me, script = pg.evaluate(f"""() => {{
+            const end = (s) => performance.getEntriesByType('resource').filter((e) => e.name.includes(s))
+                .map((e) => e.responseEnd).pop();
+            return [end('/api/v1/auth/me'), end('/static/auth/{page}.js')]; }}""")
+        assert me is not None and script is not None and me < script, "the race was not staged"
+    finally:
+        ctx.close()

@@ -15,6 +15,13 @@
     if (!["GET", "HEAD", "OPTIONS"].includes(method)) headers["X-CSRF-Token"] = csrf();
     return fetch(path, Object.assign({}, opts, { method, headers, credentials: "same-origin" }));
   };
+  // Run fn with the session now if it is known, else when it is. A page's own script loads after
+  // this one, and /api/v1/auth/me can answer before that script has run (a slow static fetch, a
+  // busy box): a plain listener would then miss the one event and the page never load.
+  window.gpufleetOnSession = (fn) => {
+    if (window.gpufleetSession) fn(window.gpufleetSession);
+    else document.addEventListener("gpufleet:session", (ev) => fn(ev.detail), { once: true });
+  };
   function apply(me) {
     window.gpufleetSession = me;
     document.documentElement.dataset.role = me.role;

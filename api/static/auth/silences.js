@@ -50,5 +50,5 @@
       load();
     });
   }
-  document.addEventListener("gpufleet:session", load);
+  window.gpufleetOnSession(load);
 })();

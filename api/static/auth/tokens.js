@@ -33,8 +33,8 @@
     }
     document.getElementById("tokens").dataset.loaded = String(rows.length);
   }
-  document.addEventListener("gpufleet:session", (ev) => {
-    if (!ev.detail.can.tokens) { document.getElementById("tokens-denied").hidden = false; return; }
+  window.gpufleetOnSession((me) => {
+    if (!me.can.tokens) { document.getElementById("tokens-denied").hidden = false; return; }
     const form = document.getElementById("token-form");
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
