@@ -72,8 +72,10 @@ def test_no_server_errors_and_responses_match_the_schema(fuzz_schema: Any) -> No
             client.cookies.update(kw.get("cookies") or {})
             try:
                 r = client.request(kw["method"], kw["url"], params=kw.get("params"), headers=kw.get("headers"))
-            except httpx.LocalProtocolError:
-                reject()  # e.g. a header value with trailing space: no HTTP client can send it
+            except (httpx.LocalProtocolError, UnicodeEncodeError):
+                # a header value with trailing space, or with characters outside ASCII (a
+                # 2,000-example hunt drew one): httpx refuses to send it, the server never sees it
+                reject()
             assert r.status_code < 500, f"{r.status_code} {r.text[:500]}\n{case.as_curl_command()}"
             # status code, content type, headers and body against the documented responses.
             # positive_data_acceptance is left out: some parameters carry meaning the schema
