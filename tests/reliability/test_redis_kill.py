@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from tests.alerts.conftest import FakeSlack, fake_slack  # noqa: F401 - a fixture, used by name
 from tests.analysis.conftest import ingest
@@ -174,9 +175,15 @@ def test_redis_killed_under_the_worker(database_url: str, own_redis: OwnRedis, f
                                 env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
 
     def reports(ids: list[str]) -> int:
-        with engine.connect() as c:
-            return int(c.execute(select(func.count()).select_from(JobReport).join(Job, JobReport.job_pk == Job.id)
-                                 .where(Job.job_id.in_(ids))).scalar_one())
+        # The test's own poll, 20 times a second beside the worker's process: on SQLite a CI run
+        # once got "disk I/O error" here (not root-caused; see the closing note of 6 Dec). A
+        # failed poll is "not yet"; what the test asserts is the worker's, read again next poll.
+        try:
+            with engine.connect() as c:
+                return int(c.execute(select(func.count()).select_from(JobReport)
+                                     .join(Job, JobReport.job_pk == Job.id).where(Job.job_id.in_(ids))).scalar_one())
+        except OperationalError:
+            return -1
 
     def ids(*sets: str) -> list[str]:
         return [j.job_id for s in sets for j in jobs[s]]
