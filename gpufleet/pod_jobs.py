@@ -17,8 +17,9 @@ operators name their pods by fixed rules, so the owner is in the name:
 Not grouped by default, because their names read like things that must stay apart: an Indexed
 Job's ``<job>-<index>-<suffix>`` is a CronJob run's ``<cronjob>-<minutes>-<suffix>`` (each
 run its own job), and a StatefulSet's ``<set>-<n>`` replicas are usually independent servers.
-An operator adds a pattern for them (agent setting ``kubernetes_job_patterns``) or names the
-job outright (remote write: a ``gpufleet_job`` relabel). Both sides share these rules so a job
+An operator adds a pattern for them (``GPUFLEET_KUBERNETES_JOB_PATTERNS``, read by the agent and
+by the server for remote write) or names the job outright (remote write: a ``gpufleet_job``
+relabel). Both sides share these rules so a job
 seen by the agent and by remote write gets the same id. Pure: no I/O.
 """
 

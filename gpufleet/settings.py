@@ -25,6 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpufleet.pod_jobs import DEFAULT_PATTERNS as DEFAULT_POD_JOB_PATTERNS
+from gpufleet.pod_jobs import PodJobs
+
 DAY = 86400.0
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
@@ -108,6 +111,26 @@ class CollectorSettings(Section):
     # Read by storage/minute_features.py in the write path itself (storage gets no Settings object there).
     fold: Path | None = env("FOLD", None, "TOML file overriding storage/fold.toml, the minute-feature fold's busy "
                             "level, throttle mask and critical XIDs; applies to minutes folded afterwards")
+    # The agent reads the same variable (agent/config.py), so one value groups a job's pods
+    # alike whether they arrive from the agent or by remote write.
+    kubernetes_job_patterns: tuple[str, ...] = env(
+        "KUBERNETES_JOB_PATTERNS", DEFAULT_POD_JOB_PATTERNS,
+        "comma list of pod-name regexes whose `(?P<job>...)` group names the job a pod belongs to, for pods "
+        "arriving by remote write (default: Kubeflow training operator and JobSet names; `none`: one job per pod; "
+        "the agent reads the same variable; docs/prometheus.md)")
+
+    @field_validator("kubernetes_job_patterns", mode="before")
+    @classmethod
+    def _comma_list(cls, v: Any) -> Any:
+        if isinstance(v, str):  # from the environment, split as the agent splits it
+            return tuple(p.strip() for p in v.split(",") if p.strip())
+        return v
+
+    @field_validator("kubernetes_job_patterns")
+    @classmethod
+    def _compiles(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        PodJobs(v)  # ValueError names the pattern and what is wrong with it
+        return v
 
 
 class MaintenanceSettings(Section):

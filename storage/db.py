@@ -6,11 +6,12 @@ Where the URL comes from (flags, ``GPUFLEET_DATABASE_URL``) is the settings' bus
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 
 from gpufleet.storage.dialect import is_sqlite
 
@@ -56,12 +57,29 @@ def make_engine(url: str, **kw: object) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
+        @event.listens_for(engine, "handle_error")
+        def _io_error_replaces_the_connection(ctx: ExceptionContext) -> None:
+            # SQLite's "disk I/O error" family (SQLITE_IOERR_*) can leave the connection that
+            # met it failing every later statement while a fresh connection reads the same file
+            # fine (a CI run saw a test's pooled reader fail for 60 s beside a worker that read
+            # on). Counting it as a lost connection makes the pool drop it and its siblings:
+            # this statement still fails (the API answers 503), the next one opens anew.
+            if _is_sqlite_io_error(ctx.original_exception):
+                ctx.is_disconnect = True
+
         return engine
     kw.setdefault("pool_pre_ping", True)
     if "poolclass" not in kw:
         kw.setdefault("pool_size", 10)
         kw.setdefault("max_overflow", 20)
     return create_engine(url, **kw)
+
+
+def _is_sqlite_io_error(e: BaseException) -> bool:
+    # Python reports the extended code (e.g. 266, SQLITE_IOERR_READ); its low byte is the
+    # primary code, and SQLITE_IOERR's text is the same whatever the extension.
+    code = getattr(e, "sqlite_errorcode", None)
+    return isinstance(e, sqlite3.OperationalError) and isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_IOERR
 
 
 _process_engine: tuple[int, str, Engine] | None = None

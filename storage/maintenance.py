@@ -12,6 +12,7 @@ The policy is a plain ``Policy`` so storage does not depend on the settings mode
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -106,6 +107,8 @@ class MaintenanceLoop:
         self._thread: threading.Thread | None = None
         self.passes = 0
         self.last: PassResult | None = None
+        # Held for the whole of a pass: see hold_passes_across_fork.
+        self._pass_lock = threading.Lock()
 
     def start(self) -> MaintenanceLoop:
         if self._thread is None:
@@ -118,6 +121,17 @@ class MaintenanceLoop:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def hold_passes_across_fork(self) -> None:
+        """Make every ``os.fork`` of this process wait for a running pass to end (and start none
+        until the fork is done). A process that forks while this thread is inside the database
+        driver hands the child a copy of the driver's mutexes as they were: SQLite's allocator
+        mutex copied locked made a forked child hang for good in its first ``sqlite3.connect``
+        (tests/storage/test_maintenance_fork.py stages it). Celery's prefork pool forks its
+        children from the worker's main process, where this loop runs. A fork may wait one
+        pass (usually well under a second; a retention pass on a big database longer)."""
+        os.register_at_fork(before=self._pass_lock.acquire, after_in_parent=self._pass_lock.release,
+                            after_in_child=self._pass_lock.release)
+
     def __enter__(self) -> MaintenanceLoop:
         return self.start()
 
@@ -129,7 +143,8 @@ class MaintenanceLoop:
         while not self._stop.is_set():
             now = time.time()
             due = now - last_retention >= self.policy.retention_interval_s
-            res = run_once(self.engine, now, self.policy, retention_due=due)
+            with self._pass_lock:
+                res = run_once(self.engine, now, self.policy, retention_due=due)
             if due and res.retention is not None:
                 last_retention = now
             for err in res.errors:  # the database may be down; try again next round

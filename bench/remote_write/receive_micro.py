@@ -47,6 +47,7 @@ from gpufleet.collector.remote_write import wire
 from gpufleet.collector.remote_write.columnar import Slots, convert_columnar
 from gpufleet.collector.remote_write.mapping import Conversion, RateState, SeriesMap, convert
 from gpufleet.collector.validate import check_batch
+from gpufleet.pod_jobs import DEFAULT_PATTERNS
 
 
 def bodies(nodes: int, windows: int, now: float) -> list[bytes]:
@@ -181,7 +182,8 @@ def receiver_parse(nodes: int, windows: int, repeat: int) -> None:
     now = time.time()
     all_bodies = bodies(nodes, windows, now)
     per_scrape = -(-nodes * 8 * len(rw_bench.DCGM_FIELDS) // rw_bench.SAMPLES_PER_SEND)
-    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0),
+    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0,
+                                                  kubernetes_job_patterns=DEFAULT_PATTERNS),
                            settings=SimpleNamespace(http=SimpleNamespace(max_rows_per_batch=20_000)))
     passes = []
     for _ in range(repeat):
@@ -269,7 +271,8 @@ def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, gr
     all_bodies = bodies(nodes, windows, now)
     per_scrape = -(-nodes * 8 * len(rw_bench.DCGM_FIELDS) // rw_bench.SAMPLES_PER_SEND)
     warm, todo = all_bodies[:2 * per_scrape], all_bodies[2 * per_scrape:]
-    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0),
+    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0,
+                                                  kubernetes_job_patterns=DEFAULT_PATTERNS),
                            settings=SimpleNamespace(http=SimpleNamespace(max_rows_per_batch=20_000)))
     limit = 64 << 20
     best_of: dict[tuple[str, str], float] = {}

@@ -27,6 +27,7 @@ from receive_micro import bodies
 
 from gpufleet.collector.remote_write import wire
 from gpufleet.collector.remote_write.receiver import Receiver
+from gpufleet.pod_jobs import DEFAULT_PATTERNS
 
 LIMIT = 64 << 20
 GAUGE = 2  # io.prometheus.write.v2 Metadata.MetricType.METRIC_TYPE_GAUGE
@@ -79,7 +80,8 @@ def as_v2(v1_body: bytes) -> bytes:
 
 
 def _receiver() -> Receiver:
-    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0),
+    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0,
+                                                  kubernetes_job_patterns=DEFAULT_PATTERNS),
                            settings=SimpleNamespace(http=SimpleNamespace(max_rows_per_batch=20_000)))
     return Receiver(coll)
 

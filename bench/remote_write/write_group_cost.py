@@ -34,6 +34,7 @@ import receive_micro as rm  # (this directory: the bench's bodies)
 from pg_instance import process_cpu_s  # (bench/: the /proc readers)
 
 from gpufleet.collector.remote_write.receiver import Receiver
+from gpufleet.pod_jobs import DEFAULT_PATTERNS
 from gpufleet.storage.db import make_engine
 from gpufleet.storage.migrate import upgrade
 from gpufleet.storage.writes import WriteCache, write_batches
@@ -58,7 +59,8 @@ def main() -> int:
         for r in runs:
             rnd.shuffle(r)
         todo = [b for r in runs for b in r]
-    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0),
+    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0,
+                                                  kubernetes_job_patterns=DEFAULT_PATTERNS),
                            settings=SimpleNamespace(http=SimpleNamespace(max_rows_per_batch=20_000)))
     admin = make_engine(args.admin, isolation_level="AUTOCOMMIT")
     print(f"{len(todo)} bodies of {rm.rw_bench.SAMPLES_PER_SEND} samples ({args.nodes} nodes, "

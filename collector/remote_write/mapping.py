@@ -30,6 +30,8 @@ from typing import Any
 from gpufleet import dcgm
 from gpufleet.catalog import Field
 from gpufleet.nccl_fold import PROM_METRICS, PROM_NOT_IDENTITY, Aggregator, record_from_prom
+from gpufleet.pod_jobs import DEFAULT as DEFAULT_POD_JOBS
+from gpufleet.pod_jobs import PodJobs
 from gpufleet.protocol import AgentInfo, Batch, CollectiveAgg, GpuInfo, JobInfo
 
 from .wire import COUNTER, WriteRequest, labels_of
@@ -90,11 +92,11 @@ def _node_of(labels: dict[str, str], names: tuple[str, ...]) -> str:
     return node
 
 
-def _nccl_series(kind: str, labels: dict[str, str]) -> NcclSeries | str:
+def _nccl_series(kind: str, labels: dict[str, str], pod_jobs: PodJobs) -> NcclSeries | str:
     node = _node_of(labels, NCCL_NODE_LABELS)
     if not node:
         return NO_NODE
-    job = dcgm.job_from_labels(labels) if labels.get("gpufleet_job", "").strip() else None
+    job = dcgm.job_from_labels(labels, pod_jobs) if labels.get("gpufleet_job", "").strip() else None
     slurm = labels.get("slurm_job_id", "").strip()
     if job is None and slurm.isdigit():
         job = JobInfo(job_id=slurm, source="slurm")
@@ -102,13 +104,15 @@ def _nccl_series(kind: str, labels: dict[str, str]) -> NcclSeries | str:
     return NcclSeries(kind, ident, node, job)
 
 
-def map_series(labels: dict[str, str]) -> Mapped | NcclSeries | str:
+def map_series(labels: dict[str, str], pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> Mapped | NcclSeries | str:
+    """``pod_jobs``: which job a pod's name says it belongs to (setting
+    ``kubernetes_job_patterns``, the same rules and variable as the agent's)."""
     name = labels.get("__name__", "")
     f = dcgm.field_for(name)
     if f is None and name not in dcgm.FB_EXTRA:
         kind = PROM_METRICS.get(name)
         if kind is not None:
-            return _nccl_series(kind, labels)
+            return _nccl_series(kind, labels, pod_jobs)
         return NCCL_NOT_USED if name.startswith(NCCL_PREFIX) else NOT_GPU_METRIC
     ident = dcgm.gpu_identity(labels)
     if ident is None:
@@ -116,22 +120,23 @@ def map_series(labels: dict[str, str]) -> Mapped | NcclSeries | str:
     node = _node_of(labels, NODE_LABELS)
     if not node:
         return NO_NODE
-    return Mapped(name, f, ident, node, dcgm.job_from_labels(labels), name.endswith("_total"),
+    return Mapped(name, f, ident, node, dcgm.job_from_labels(labels, pod_jobs), name.endswith("_total"),
                   f is not None and f.unit.endswith("/s"))
 
 
 class SeriesMap:
     """Labels bytes -> Mapped | reason, bounded (cleared when full: a cache, not state)."""
 
-    def __init__(self, max_entries: int = SERIES_CACHE_MAX) -> None:
+    def __init__(self, max_entries: int = SERIES_CACHE_MAX, pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> None:
         self.max_entries = max_entries
+        self.pod_jobs = pod_jobs
         self._d: dict[bytes, Mapped | NcclSeries | str] = {}
 
     def get(self, key: bytes) -> Mapped | NcclSeries | str:
         hit = self._d.get(key)
         if hit is None:
             try:
-                hit = map_series(labels_of(key))
+                hit = map_series(labels_of(key), self.pod_jobs)
             except ValueError:
                 hit = BAD_LABELS
             if len(self._d) >= self.max_entries:

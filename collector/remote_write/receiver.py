@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from gpufleet.collector.answers import Answer, BodyReader, answer, read_limited_body
+from gpufleet.pod_jobs import PodJobs
 from gpufleet.protocol import ProtocolError
 from gpufleet.storage import tokens
 
@@ -61,6 +62,12 @@ def proto_of(content_type: str | None) -> str | None:
     return V1_PROTO
 
 
+def version_of(proto: str | None) -> str:
+    """The remote-write version a request's message names, for /metrics: ``1.0``, ``2.0``, or
+    ``unknown`` (not protobuf, or a message neither version sends)."""
+    return {V1_PROTO: "1.0", wire_v2.PROTO: "2.0"}.get(proto or "", "unknown")
+
+
 def _field_values(batch: Any) -> int:
     """The values a stored batch holds (its field columns' non-null cells)."""
     return sum(len(v) - v.count(None) for k, v in batch.samples.items() if k not in ("ts", "gpu", "job"))
@@ -71,7 +78,7 @@ class Stats:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.requests: Counter[int] = Counter()  # by status
+        self.requests: Counter[tuple[int, str]] = Counter()  # by (status, protocol version)
         self.ignored: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
         self.samples = 0
@@ -81,9 +88,9 @@ class Stats:
         self.collectives = 0  # NCCL collective aggregates stored (docs/prometheus.md)
 
     def add(self, status: int, conv: Conversion | None = None, rows: int = 0, dupes: int = 0,
-            skipped: int = 0, collectives: int = 0) -> None:
+            skipped: int = 0, collectives: int = 0, version: str = "1.0") -> None:
         with self.lock:
-            self.requests[status] += 1
+            self.requests[status, version] += 1
             if conv is not None and status < 300:
                 self.ignored.update(conv.ignored)
                 self.dropped.update(conv.dropped)
@@ -100,7 +107,7 @@ class Receiver:
 
     def __init__(self, coll: Any) -> None:
         self.coll = coll
-        self.series = SeriesMap()
+        self.series = SeriesMap(pod_jobs=PodJobs(coll.config.kubernetes_job_patterns))
         self.slots = Slots()  # the series map's known series as array rows (columnar.py)
         self.memory_totals: dict[tuple[str, str], float] = {}  # (cluster, uuid) -> bytes, last seen
         self.rates = RateState()
@@ -117,9 +124,10 @@ class Receiver:
 
     async def handle(self, headers: dict[bytes, str], read_body: BodyReader, cluster_param: str | None) -> Answer:
         status, body, extra = await self._handle(headers, read_body, cluster_param)
+        proto = proto_of(headers.get(b"content-type"))
         if status >= 300:
-            self.stats.add(status)
-        if proto_of(headers.get(b"content-type")) == wire_v2.PROTO and not any(k == WRITTEN_SAMPLES for k, _ in extra):
+            self.stats.add(status, version=version_of(proto))
+        if proto == wire_v2.PROTO and not any(k == WRITTEN_SAMPLES for k, _ in extra):
             # refused before anything was stored (auth, media type, body): nothing written
             extra = [*extra, (WRITTEN_SAMPLES, b"0"), (WRITTEN_HISTOGRAMS, b"0"), (WRITTEN_EXEMPLARS, b"0")]
         return status, body, extra
@@ -323,7 +331,7 @@ class Receiver:
             return status, text, extra + v2_headers
         with self._lock:
             self.rates.commit(conv.rate_updates)
-        self.stats.add(200, conv, rows, dupes, skipped, colls)
+        self.stats.add(200, conv, rows, dupes, skipped, colls, version="2.0" if v2 else "1.0")
         out = conv.summary()
         out["stored"] = rows
         out["duplicate_batches"] = dupes

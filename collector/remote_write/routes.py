@@ -79,10 +79,11 @@ class RemoteWriteMetrics(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self.rw.stats
         with s.lock:
-            req = CounterMetricFamily("gpufleet_remote_write_requests", "Remote-write requests by HTTP status",
-                                      labels=["status"])
-            for status, n in sorted(s.requests.items()):
-                req.add_metric([str(status)], n)
+            req = CounterMetricFamily("gpufleet_remote_write_requests",
+                                      "Remote-write requests by HTTP status and protocol version (1.0, 2.0, unknown)",
+                                      labels=["status", "version"])
+            for (status, version), n in sorted(s.requests.items()):
+                req.add_metric([str(status), version], n)
             ign = CounterMetricFamily("gpufleet_remote_write_ignored_series",
                                       "Series in stored requests that gpufleet does not store, by reason",
                                       labels=["reason"])

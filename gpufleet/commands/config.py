@@ -55,7 +55,7 @@ def _default(v: Any) -> str:
         v = ",".join(v)
     if v == "":
         return "empty"
-    return f"`{v}`"
+    return f"`{_cell(str(v))}`"  # a pipe in a code span still ends the table cell unless escaped
 
 
 def _cell(s: str) -> str:

@@ -44,8 +44,11 @@ def schedule_path(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sqlalchemy.pool import NullPool
+
     from gpufleet.celery_app import make_celery
     from gpufleet.storage.db import make_engine
+    from gpufleet.storage.dialect import is_sqlite
     from gpufleet.storage.maintenance import MaintenanceLoop
 
     settings = broker_settings(args)
@@ -55,12 +58,18 @@ def run(args: argparse.Namespace) -> int:
         argv.append(f"--concurrency={args.concurrency}")
     if args.beat:
         argv += ["--beat", f"--schedule={schedule_path(args, settings)}"]
-    engine = make_engine(settings.database_url())
+    url = settings.database_url()
     # Housekeeping runs in this (main) process. Celery forks its pool inside worker_main, after
     # the thread starts: a child gets no thread, and must not close the parent's pooled
     # connections it inherited (SQLAlchemy's advice for fork); tasks open their own engine.
+    # SQLite's advice is stronger: carry no open connection across fork at all, since the
+    # child's SQLite would take the copied connection's locks for its own. So on SQLite the
+    # loop opens a connection per pass (NullPool) and no fork happens during a pass.
+    engine = make_engine(url, poolclass=NullPool) if is_sqlite(url) else make_engine(url)
     os.register_at_fork(after_in_child=lambda: engine.dispose(close=False))
-    with MaintenanceLoop(engine, settings.maintenance):
+    loop = MaintenanceLoop(engine, settings.maintenance)
+    loop.hold_passes_across_fork()
+    with loop:
         app.worker_main(argv)
     engine.dispose()
     return 0

@@ -280,8 +280,10 @@ def test_the_receiver_answers_the_same_with_and_without_the_c_pass(monkeypatch: 
     any byte layout, here zero values left out and old timestamps, take it) and over bodies the
     general path converts: the same batches, rows and counts either way."""
     from gpufleet.collector.remote_write.receiver import Receiver
+    from gpufleet.pod_jobs import DEFAULT_PATTERNS
 
-    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0),
+    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=30 * 86400.0, max_future_s=300.0,
+                                                  kubernetes_job_patterns=DEFAULT_PATTERNS),
                            settings=SimpleNamespace(http=SimpleNamespace(max_rows_per_batch=20_000)))
     sends = []
     for k in range(3):

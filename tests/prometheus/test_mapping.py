@@ -111,6 +111,26 @@ def test_a_pytorchjobs_pods_arrive_as_one_job_by_remote_write() -> None:
     assert set(b.samples["job"]) == {"team-a/bert"}
     assert [j.job_id for j in b.jobs] == ["team-a/bert"]
 
+def test_the_servers_pod_job_patterns_group_what_the_defaults_keep_apart_and_none_splits() -> None:
+    """Setting ``kubernetes_job_patterns`` on the server: a StatefulSet's replicas (not grouped
+    by default) become one job with a pattern for them; ``none`` keeps a PyTorchJob's pods apart."""
+    from gpufleet.pod_jobs import PodJobs
+
+    sts = body([_one({"exported_pod": f"vllm-llama-{i}", "exported_namespace": "serve", "UUID": f"GPU-{i}"})
+                for i in range(2)])
+    default = _convert(sts)
+    assert {j.job_id for b in default.batches for j in b.jobs} == {"serve/vllm-llama-0", "serve/vllm-llama-1"}
+    grouped = convert(wire.decode(sts), SeriesMap(pod_jobs=PodJobs([r"^(?P<job>vllm-.+)-\d+$"])), RateState(),
+                      cluster="c1", digest="d", now=NOW, max_age_s=86400.0, max_future_s=300.0, max_rows=20_000)
+    (b,) = grouped.batches
+    assert set(b.samples["job"]) == {"serve/vllm-llama"} and [j.job_id for j in b.jobs] == ["serve/vllm-llama"]
+    pytorch = body([_one({"exported_pod": f"bert-worker-{i}", "exported_namespace": "team-a", "UUID": f"GPU-{i}"})
+                    for i in range(2)])
+    apart = convert(wire.decode(pytorch), SeriesMap(pod_jobs=PodJobs(["none"])), RateState(), cluster="c1",
+                    digest="d", now=NOW, max_age_s=86400.0, max_future_s=300.0, max_rows=20_000)
+    assert {j.job_id for b in apart.batches for j in b.jobs} == {"team-a/bert-worker-0", "team-a/bert-worker-1"}
+
+
 def test_samples_that_are_no_reading_are_counted_never_stored() -> None:
     conv = _convert(body([
         _one({}, STALE),

@@ -191,8 +191,8 @@ def test_metrics_count_requests_ignored_series_and_rows(sqlite_url, live_server)
     assert post(srv.url, _fleet(steps=2)).status_code == 200
     assert post(srv.url, b"\x0f").status_code == 400
     text = httpx.get(srv.url + "/metrics").text
-    assert 'gpufleet_remote_write_requests_total{status="200"} 1.0' in text
-    assert 'gpufleet_remote_write_requests_total{status="400"} 1.0' in text
+    assert 'gpufleet_remote_write_requests_total{status="200",version="1.0"} 1.0' in text
+    assert 'gpufleet_remote_write_requests_total{status="400",version="1.0"} 1.0' in text
     assert "gpufleet_remote_write_rows_total 12.0" in text
     assert 'gpufleet_remote_write_ignored_series_total{reason="no_gpu_identity"}' in text
 
@@ -239,7 +239,7 @@ def test_a_gpu_held_by_another_node_is_a_4xx_naming_it_and_the_other_nodes_are_s
     got = stored(e)
     assert got - before == {("GPU-free", T0 / 1000): 1}  # node-c stored, node-b's row not
     text = httpx.get(srv.url + "/metrics").text
-    assert 'gpufleet_remote_write_requests_total{status="409"} 1.0' in text  # counted once
+    assert 'gpufleet_remote_write_requests_total{status="409",version="1.0"} 1.0' in text  # counted once
     e.dispose()
 
 
@@ -330,8 +330,10 @@ def test_a_gpu_list_that_breaks_a_limit_is_refused_every_time_the_checked_lists_
     from types import SimpleNamespace
 
     from gpufleet.collector.remote_write.receiver import Receiver
+    from gpufleet.pod_jobs import DEFAULT_PATTERNS
 
-    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=None, max_future_s=300.0),
+    coll = SimpleNamespace(config=SimpleNamespace(max_age_s=None, max_future_s=300.0,
+                                                  kubernetes_job_patterns=DEFAULT_PATTERNS),
                            settings=SimpleNamespace(http=SimpleNamespace(max_rows_per_batch=20_000)))
     rec = Receiver(coll)
     long_uuid = "GPU-" + "x" * 100  # gpus[].uuid: at most 96 characters
@@ -346,3 +348,40 @@ def test_a_gpu_list_that_breaks_a_limit_is_refused_every_time_the_checked_lists_
         assert len(conv.rejected) == 1 and "node 'bad'" in conv.rejected[0][1] and "uuid" in conv.rejected[0][1]
         assert [p.batch.agent.node for p in conv.prepared] == ["good"]
     assert len(rec._dims_ok) == 1  # the good node's lists, remembered once
+
+
+def test_the_servers_kubernetes_job_patterns_group_pods_arriving_by_remote_write(database_url, live_server) -> None:
+    """GPUFLEET_KUBERNETES_JOB_PATTERNS on the server (the agent's variable): a StatefulSet's
+    replicas on two nodes are one job with both GPUs, through real HTTP into the database."""
+    from sqlalchemy import text
+
+    srv = live_server(database_url, collector__kubernetes_job_patterns=(r"^(?P<job>vllm-.+)-\d+$",))
+    e = make_engine(database_url)
+    series = [({"__name__": "DCGM_FI_DEV_POWER_USAGE", "UUID": f"GPU-sts-{i}", "gpu": "0", "Hostname": f"node-{i}",
+                "exported_pod": f"vllm-llama-{i}", "exported_namespace": "serve"}, [(T0, 300.0 + i)])
+              for i in range(2)]
+    r = post(srv.url, body(series))
+    assert r.status_code == 200 and r.json()["stored"] == 2, r.text
+    with e.connect() as c:
+        jobs = sorted(c.execute(text("select job_id, name from jobs")).all())
+        gpus = sorted(c.execute(text(
+            "select g.uuid from allocations a join gpus g on g.id = a.gpu_pk join jobs j on j.id = a.job_pk"
+            " where j.job_id = 'serve/vllm-llama'")).scalars())
+    e.dispose()
+    assert [tuple(j) for j in jobs] == [("serve/vllm-llama", "vllm-llama")]
+    assert gpus == ["GPU-sts-0", "GPU-sts-1"]
+
+
+def test_a_bad_pod_job_pattern_stops_the_server_naming_it(monkeypatch) -> None:
+    from gpufleet.settings import Settings, SettingsError
+
+    monkeypatch.setenv("GPUFLEET_KUBERNETES_JOB_PATTERNS", r"^(?P<job>a-.+)-\d+$, ^vllm-(\d+$")
+    with pytest.raises(SettingsError, match=r"KUBERNETES_JOB_PATTERNS=.*pod job pattern '\^vllm-\(.*' is not a reg"):
+        Settings.from_env()
+    monkeypatch.setenv("GPUFLEET_KUBERNETES_JOB_PATTERNS", r"^(?P<job>a-.+)-\d+$, ^vllm-\d+$")
+    with pytest.raises(SettingsError, match=r"has no \(\?P<job>\.\.\.\) group"):
+        Settings.from_env()
+    monkeypatch.setenv("GPUFLEET_KUBERNETES_JOB_PATTERNS", r" ^(?P<job>a-.+)-\d+$ , ^(?P<job>b-.+)-\d+$")
+    assert Settings.from_env().collector.kubernetes_job_patterns == (r"^(?P<job>a-.+)-\d+$", r"^(?P<job>b-.+)-\d+$")
+    monkeypatch.setenv("GPUFLEET_KUBERNETES_JOB_PATTERNS", "none")
+    assert Settings.from_env().collector.kubernetes_job_patterns == ("none",)

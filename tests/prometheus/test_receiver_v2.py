@@ -152,6 +152,14 @@ def test_an_unknown_protobuf_message_is_415_naming_both_that_are_spoken(sqlite_u
     # 1.0 named explicitly is 1.0
     ok = post(srv.url, body(_series(1)), **{"Content-Type": "application/x-protobuf; proto=prometheus.WriteRequest"})
     assert ok.status_code == 200 and ok.json()["stored"] == 6
+    # /metrics tells the versions apart (a fleet moving its senders to 2.0 watches this)
+    t0 = int(time.time() * 1000) - 30_000
+    v2 = post_v2(srv.url, request_v2([({"__name__": "DCGM_FI_DEV_GPU_TEMP", **_gpu(5)}, [(t0, 41.0)])], {}))
+    assert v2.status_code == 200, v2.text
+    text = httpx.get(srv.url + "/metrics").text
+    assert 'gpufleet_remote_write_requests_total{status="415",version="unknown"} 1.0' in text
+    assert 'gpufleet_remote_write_requests_total{status="200",version="1.0"} 1.0' in text
+    assert 'gpufleet_remote_write_requests_total{status="200",version="2.0"} 1.0' in text
 
 
 def test_a_steady_v2_stream_takes_the_columnar_path_and_its_types_apply_there(sqlite_url, live_server) -> None:

@@ -174,6 +174,8 @@ def test_redis_killed_under_the_worker(database_url: str, own_redis: OwnRedis, f
                                  f"--schedule-file={tmp_path / 'beat-schedule'}"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
 
+    poll_errors: list[str] = []
+
     def reports(ids: list[str]) -> int:
         # The test's own poll, 20 times a second beside the worker's process: on SQLite a CI run
         # once got "disk I/O error" here (not root-caused; see the closing note of 6 Dec). A
@@ -182,7 +184,8 @@ def test_redis_killed_under_the_worker(database_url: str, own_redis: OwnRedis, f
             with engine.connect() as c:
                 return int(c.execute(select(func.count()).select_from(JobReport)
                                      .join(Job, JobReport.job_pk == Job.id).where(Job.job_id.in_(ids))).scalar_one())
-        except OperationalError:
+        except OperationalError as e:
+            poll_errors.append(f"{getattr(e.orig, 'sqlite_errorname', '')} {e.orig}")
             return -1
 
     def ids(*sets: str) -> list[str]:
@@ -247,6 +250,8 @@ def test_redis_killed_under_the_worker(database_url: str, own_redis: OwnRedis, f
         assert duplicated == 0 and flag_dups == 0
         assert len(fake_slack.delivered()) == stored  # every post names one of our jobs
     finally:
+        if poll_errors:  # shown with a failure's captured output
+            print(f"the test's poll failed {len(poll_errors)} times; first: {poll_errors[0]}; last: {poll_errors[-1]}")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
