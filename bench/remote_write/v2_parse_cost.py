@@ -111,6 +111,9 @@ def main() -> None:
     v2 = [as_v2(b) for b in v1]
     per_scrape = -(-args.nodes * 8 * len(rw_bench.DCGM_FIELDS) // rw_bench.SAMPLES_PER_SEND)
     n = 2 * per_scrape
+    if len(v1) <= n:  # the first two scrapes only warm the cache: nothing would be measured
+        ap.error(f"--nodes {args.nodes} --windows {args.windows} give {len(v1)} bodies, all of them the "
+                 f"{n} that warm the series cache: raise --windows")
     # the same rows either way: the first body of each converted by a fresh receiver
     first = [_receiver()._parse(body, "bench", LIMIT, ver) for body, ver in ((v1[0], False), (v2[0], True))]
     assert not any(isinstance(c, tuple) for c in first), first
