@@ -75,6 +75,8 @@ BROKEN = [
     ("server.resources", {"requests": {"cpu": "1"}}),
     ("grafana.datasource", {"enabled": True, "sslmode": "sometimes"}),
     ("config.extraEnv", [{"value": "no name"}]),
+    ("config.kubernetesJobPatterns", ["^(?P<job>a-.+)-\\d+$,^b$"]),  # a comma would split it in two
+    ("config.kubernetesJobPatterns", "^(?P<job>a-.+)-\\d+$"),  # a list, not one string
     ("worker.concurrency", -1),
     ("server.typo", 1),
     ("unknownTopLevel", {}),
@@ -206,6 +208,32 @@ def test_server_worker_beat_and_migration() -> None:
             env = {e["name"]: e for e in c["env"]}
             assert env["GPUFLEET_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
                 "name": "rel-gpufleet-secrets", "key": "database-url"}
+
+
+@needs_helm
+def test_pod_job_patterns_reach_the_server_and_the_agents_alike() -> None:
+    """config.kubernetesJobPatterns: one value, set on every server-side container and on the
+    agent DaemonSet, and what it renders is what the server's settings and the agent accept."""
+    from gpufleet.agent.config import coerce
+    from gpufleet.settings import CollectorSettings
+
+    sts, tfjob = r"^(?P<job>vllm-.+)-\d+$", r"^(?P<job>.+)-(?:worker|ps)-\d+$"
+    docs = _render("--set-json", f"config.kubernetesJobPatterns={json.dumps([sts, tfjob])}")
+    seen = []
+    for d in docs:
+        if d["kind"] in ("Deployment", "DaemonSet"):
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in c["env"]}
+                seen.append((d["metadata"]["name"], env.get("GPUFLEET_KUBERNETES_JOB_PATTERNS")))
+    assert {n.rsplit("-", 1)[1] for n, _ in seen} >= {"server", "worker", "beat", "agent"}, seen
+    assert {v for _, v in seen} == {f"{sts},{tfjob}"}, seen
+    raw = seen[0][1]
+    assert CollectorSettings.model_validate({"GPUFLEET_KUBERNETES_JOB_PATTERNS": raw}).kubernetes_job_patterns \
+        == coerce("kubernetes_job_patterns", raw) == (sts, tfjob)
+    default = _render()
+    assert not [c for d in default if d["kind"] in ("Deployment", "DaemonSet")
+                for c in d["spec"]["template"]["spec"]["containers"]
+                if any(e["name"] == "GPUFLEET_KUBERNETES_JOB_PATTERNS" for e in c["env"])]
 
 
 @needs_helm

@@ -104,6 +104,10 @@ app.kubernetes.io/component: {{ .component }}
 - name: GPUFLEET_CATALOG
   value: /etc/gpufleet/config/catalog.toml
 {{- end }}
+{{- with .Values.config.kubernetesJobPatterns }}
+- name: GPUFLEET_KUBERNETES_JOB_PATTERNS
+  value: {{ join "," . | quote }}
+{{- end }}
 {{- with .Values.config.extraEnv }}
 {{ toYaml . }}
 {{- end }}
