@@ -19,8 +19,8 @@ Job's ``<job>-<index>-<suffix>`` is a CronJob run's ``<cronjob>-<minutes>-<suffi
 run its own job), and a StatefulSet's ``<set>-<n>`` replicas are usually independent servers.
 An operator adds a pattern for them (``GPUFLEET_KUBERNETES_JOB_PATTERNS``, read by the agent and
 by the server for remote write) or names the job outright (remote write: a ``gpufleet_job``
-relabel). Both sides share these rules so a job
-seen by the agent and by remote write gets the same id. Pure: no I/O.
+relabel). Both sides share these rules so a job seen by the agent and by remote write gets the
+same id. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class Stats:
         self.collectives = 0  # NCCL collective aggregates stored (docs/prometheus.md)
 
     def add(self, status: int, conv: Conversion | None = None, rows: int = 0, dupes: int = 0,
-            skipped: int = 0, collectives: int = 0, version: str = "1.0") -> None:
+            skipped: int = 0, collectives: int = 0, *, version: str) -> None:
         with self.lock:
             self.requests[status, version] += 1
             if conv is not None and status < 300:

@@ -178,8 +178,9 @@ def test_redis_killed_under_the_worker(database_url: str, own_redis: OwnRedis, f
 
     def reports(ids: list[str]) -> int:
         # The test's own poll, 20 times a second beside the worker's process: on SQLite a CI run
-        # once got "disk I/O error" here (not root-caused; see the closing note of 6 Dec). A
-        # failed poll is "not yet"; what the test asserts is the worker's, read again next poll.
+        # once got "disk I/O error" here (not root-caused; see the closing note of 6 Dec), and
+        # the pooled connection then failed every poll until the engine learnt to replace it
+        # (storage/db.py). A failed poll is "not yet": what the test asserts is the worker's.
         try:
             with engine.connect() as c:
                 return int(c.execute(select(func.count()).select_from(JobReport)

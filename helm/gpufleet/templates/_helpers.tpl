@@ -104,10 +104,7 @@ app.kubernetes.io/component: {{ .component }}
 - name: GPUFLEET_CATALOG
   value: /etc/gpufleet/config/catalog.toml
 {{- end }}
-{{- with .Values.config.kubernetesJobPatterns }}
-- name: GPUFLEET_KUBERNETES_JOB_PATTERNS
-  value: {{ join "," . | quote }}
-{{- end }}
+{{- include "gpufleet.podJobPatternsEnv" . }}
 {{- with .Values.config.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -161,4 +158,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpufleet.checksums" -}}
 checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
 checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha256sum }}
+{{- end }}
+
+{{/* config.kubernetesJobPatterns for the server side and the agents alike: one job id both ways. */}}
+{{- define "gpufleet.podJobPatternsEnv" -}}
+{{- with .Values.config.kubernetesJobPatterns }}
+- name: GPUFLEET_KUBERNETES_JOB_PATTERNS
+  value: {{ join "," . | quote }}
+{{- end }}
 {{- end }}
