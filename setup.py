@@ -1,6 +1,7 @@
 """Maps the repository's top-level folders (agent/, collector/, api/, ...) onto one import
 namespace (gpufleet.agent, gpufleet.collector, ...). Everything else is in pyproject.toml."""
 
+import os
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -30,11 +31,14 @@ def _packages() -> tuple[list[str], dict[str, str]]:
 
 
 packages, package_dir = _packages()
+# GPUFLEET_REQUIRE_C_EXTENSIONS=1 makes a failed compile fail the build: the Docker image sets
+# it, so an image never ships the slow paths by accident (a missing compiler only warns).
+optional = os.environ.get("GPUFLEET_REQUIRE_C_EXTENSIONS", "").strip() not in ("1", "true", "yes")
 # The export encoder's C pass (collector/export/_encode_c.c): optional, so a box without a C
 # compiler installs and runs on encode.py's numpy path (byte-identical bodies, more CPU).
-encode_c = Extension("gpufleet.collector.export._encode_c", ["collector/export/_encode_c.c"], optional=True)
+encode_c = Extension("gpufleet.collector.export._encode_c", ["collector/export/_encode_c.c"], optional=optional)
 # The remote-write decoder's C pass (collector/remote_write/_decode_c.c): optional the same way
 # (wire.py's Python decoder reads the same series and refuses the same bodies).
 decode_c = Extension("gpufleet.collector.remote_write._decode_c", ["collector/remote_write/_decode_c.c"],
-                     optional=True)
+                     optional=optional)
 setup(packages=packages, package_dir=package_dir, ext_modules=[encode_c, decode_c])

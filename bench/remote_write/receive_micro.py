@@ -179,6 +179,7 @@ def receiver_parse(nodes: int, windows: int, repeat: int) -> None:
 
     from gpufleet.collector.remote_write.receiver import Receiver
 
+    _measurable(windows)
     now = time.time()
     all_bodies = bodies(nodes, windows, now)
     per_scrape = -(-nodes * 8 * len(rw_bench.DCGM_FIELDS) // rw_bench.SAMPLES_PER_SEND)
@@ -266,6 +267,7 @@ def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, gr
     from gpufleet.storage.migrate import upgrade
     from gpufleet.storage.writes import WriteCache, write_batches
 
+    _measurable(windows)
     pkgs = {"old": _old_package(old_tree), "new": new_pkg}
     now = time.time()
     all_bodies = bodies(nodes, windows, now)
@@ -357,6 +359,14 @@ def ab(old_tree: Path, nodes: int, windows: int, repeat: int, db: str | None, gr
     o = best_of["old", "_parse"] + best_of["old", "write"]
     n = best_of["new", "_parse"] + best_of["new", "write"]
     print(f"  {'_parse+write':10s} {o * 1e3:8.3f} {n * 1e3:8.3f}  {o / n:6.2f}x")
+
+
+def _measurable(windows: int) -> None:
+    """The first two scrapes only warm the series cache and the counters: with no third one
+    there is nothing to time (it divided by zero)."""
+    if windows < 3:
+        raise SystemExit(f"--windows {windows} leaves no body to measure (the first 2 scrapes warm the caches): "
+                         "give 3 or more")
 
 
 if __name__ == "__main__":

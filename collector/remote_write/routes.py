@@ -17,8 +17,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gpufleet.collector.answers import Answer, BodyReader, answer
+from gpufleet.collector.export import encode as export_encode
 from gpufleet.collector.routes import collector_for
 
+from . import wire
 from .receiver import Receiver
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,16 @@ def receiver_for(app: FastAPI) -> Receiver:
             if rw is None:
                 rw = app.state.remote_write = Receiver(collector_for(app))
                 _register_metrics(app, rw)
+                if wire._NATIVE is None:
+                    log.warning("remote write: the C decoder (_decode_c) is not built in this install; bodies are "
+                                "decoded in Python at several times the CPU (2.0: ~14x). Install from a checkout "
+                                "with a C compiler (docs/prometheus.md)")
     return rw
+
+
+def c_extensions() -> dict[str, bool]:
+    """Which optional C passes this install has (setup.py builds them where a compiler is)."""
+    return {"remote_write_decoder": wire._NATIVE is not None, "export_encoder": export_encode._NATIVE is not None}
 
 
 async def handle_write(app: FastAPI, raw_headers: Iterable[tuple[bytes, bytes]], read_body: BodyReader,
@@ -110,7 +121,12 @@ class RemoteWriteMetrics(Collector):
             colls.add_metric([], s.collectives)
         known = GaugeMetricFamily("gpufleet_remote_write_series_cached", "Series label sets mapped and cached")
         known.add_metric([], len(self.rw.series))
-        yield from (req, ign, drop, samples, rows, dup, again, colls, known)
+        native = GaugeMetricFamily("gpufleet_c_extension_loaded",
+                                   "1 where the optional C pass is built into this install, 0 where the Python "
+                                   "path does its work at more CPU", labels=["extension"])
+        for name, loaded in c_extensions().items():
+            native.add_metric([name], float(loaded))
+        yield from (req, ign, drop, samples, rows, dup, again, colls, known, native)
 
 
 def _register_metrics(app: FastAPI, rw: Receiver) -> None:

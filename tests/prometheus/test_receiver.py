@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from gpufleet.collector.remote_write import wire
+from gpufleet.collector.remote_write.routes import c_extensions
 from gpufleet.collector.writer import Overloaded
 from gpufleet.storage import tokens
 from gpufleet.storage.db import make_engine
@@ -195,6 +196,19 @@ def test_metrics_count_requests_ignored_series_and_rows(sqlite_url, live_server)
     assert 'gpufleet_remote_write_requests_total{status="400",version="1.0"} 1.0' in text
     assert "gpufleet_remote_write_rows_total 12.0" in text
     assert 'gpufleet_remote_write_ignored_series_total{reason="no_gpu_identity"}' in text
+    # which C passes the install has (the Docker image requires both; a pip install without a
+    # compiler runs the Python paths): the server's answer is this venv's build
+    for name, loaded in c_extensions().items():
+        assert f'gpufleet_c_extension_loaded{{extension="{name}"}} {float(loaded)}' in text
+
+
+def test_c_extension_gauge_says_when_the_python_path_runs(monkeypatch) -> None:
+    from gpufleet.collector.export import encode
+
+    monkeypatch.setattr(wire, "_NATIVE", None)
+    assert c_extensions() == {"remote_write_decoder": False, "export_encoder": encode._NATIVE is not None}
+    monkeypatch.setattr(encode, "_NATIVE", None)
+    assert not any(c_extensions().values())
 
 
 def test_analysis_lag_gauge_for_the_prometheus_rule(database_url, live_server) -> None:
