@@ -106,6 +106,9 @@ class CollectorSettings(Section):
                            "with `gpufleet import`)", gt=0)
     max_future_s: float = env("INGEST_MAX_FUTURE_S", 300.0, "clock skew tolerated ahead of the collector", ge=0)
     retry_after_s: int = env("INGEST_RETRY_AFTER_S", 2, "Retry-After on 503 answers", ge=0)
+    remote_write_linger_s: float = env(
+        "REMOTE_WRITE_LINGER_S", 0.5, "most seconds a group commit waits for remote-write bodies still being "
+        "parsed, so one commit folds several scrapes of a GPU-minute (0: never wait; docs/prometheus.md)", ge=0, le=30)
     import_max_bytes: int = env("IMPORT_MAX_BYTES", 8 * 1024**3, "`POST /api/v1/import` body limit (decompressed)",
                                 gt=0)
     # Read by storage/minute_features.py in the write path itself (storage gets no Settings object there).

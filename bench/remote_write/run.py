@@ -251,9 +251,13 @@ def main() -> int:
                          "row then arrives in pieces); 1: one shard's ordered stream")
     ap.add_argument("--vm-conns", default="16,64,256",
                     help="VictoriaMetrics' connection counts for receive, each measured, its best the reference")
+    ap.add_argument("--gf-conns", default=None,
+                    help="gpufleet's connection counts for receive, each measured on a fresh database, its best "
+                         "reported (default: --conns alone, the shards one Prometheus runs)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     args.vm_conns = _ib.conns_list(ap, args.vm_conns)
+    args.gf_conns = _ib.conns_list(ap, args.gf_conns) if args.gf_conns else [args.conns]
     args.duration = args.duration or (8.0 if args.quick else 20.0)
     args.warmup = args.warmup or (2.0 if args.quick else 4.0)
     tools = locate_tools()
@@ -282,16 +286,22 @@ def main() -> int:
         for k in range(args.repeat):
             r: dict[str, Any] = {}
             if "receive" not in args.skip:
-                with throwaway_db(admin, f"rw{k}") as url:
-                    from gpufleet.storage.migrate import upgrade
+                mine = []
+                for conns in args.gf_conns:
+                    with throwaway_db(admin, f"rw{k}c{conns}") as url:
+                        from gpufleet.storage.migrate import upgrade
 
-                    upgrade(url)
-                    with collector(url, args.workers, tmp) as (port, sid):
-                        r["gpufleet"] = receive(f"gpufleet /api/v1/write ({args.workers} workers, PostgreSQL)",
-                                                port, tools, rw, per_body, args, sid)
-                    if r["gpufleet"]["bodies_posted"] > nb:
-                        log(f"WARNING: gpufleet went through all {nb} bodies: later requests were duplicates "
-                            "(raise --max-samples-s)")
+                        upgrade(url)
+                        with collector(url, args.workers, tmp) as (port, sid):
+                            mine.append(receive(f"gpufleet /api/v1/write ({args.workers} workers, PostgreSQL), "
+                                                f"{conns} connections", port, tools, rw, per_body,
+                                                argparse.Namespace(**{**vars(args), "conns": conns}), sid))
+                            mine[-1]["conns"] = conns
+                        if mine[-1]["bodies_posted"] > nb:
+                            log(f"WARNING: gpufleet went through all {nb} bodies: later requests were duplicates "
+                                "(raise --max-samples-s)")
+                r["gpufleet"] = max(mine, key=lambda x: x["samples_s"])
+                r["gpufleet"]["by_conns"] = {x["conns"]: x["samples_s"] for x in mine}
                 # the reference at its strongest: each of --vm-conns on a fresh VictoriaMetrics,
                 # the best kept (gpufleet keeps --conns, the shards a Prometheus would run)
                 tries = []
@@ -345,6 +355,12 @@ def report(res: dict[str, Any]) -> None:
                   f"{ex:,} / {on['stored_field_samples']:,} |")
         else:
             print("- | - | - | - |")
+    for i, r in enumerate(rounds, 1):
+        g = r.get("gpufleet") or {}
+        if len(g.get("by_conns") or {}) > 1:
+            print(f"round {i}, gpufleet receive by connections: "
+                  + ", ".join(f"{c}: {x:,.0f} samples/s" for c, x in g["by_conns"].items())
+                  + f" (reported: {g['conns']})")
     for i, r in enumerate(rounds, 1):
         v = r.get("vm") or {}
         if v.get("by_conns"):

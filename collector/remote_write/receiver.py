@@ -121,6 +121,19 @@ class Receiver:
         # thread does the same work with no convoy; requests wait their turn in its queue.
         self._parser = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-rw-parse")
         self._dims_ok: set[bytes] = set()  # (gpus, jobs) lists that passed check_gpus / check_jobs
+        self._parsing = 0  # bodies handed to the parse thread and not yet to the writer
+        writer = getattr(coll, "writer", None)
+        if writer is not None:
+            writer.incoming = self._incoming
+            writer.linger_s = float(coll.config.remote_write_linger_s)
+
+    def _incoming(self) -> int:
+        return self._parsing
+
+    def _left_parse(self) -> None:
+        self._parsing -= 1
+        if self._parsing == 0:
+            self.coll.writer.nudge()
 
     async def handle(self, headers: dict[bytes, str], read_body: BodyReader, cluster_param: str | None) -> Answer:
         status, body, extra = await self._handle(headers, read_body, cluster_param)
@@ -162,11 +175,18 @@ class Receiver:
             return body
         # Decoding and regrouping are CPU work (milliseconds for a 2,000-series body): off the
         # event loop, so ingest requests and API reads keep being answered meanwhile.
-        parsed = await asyncio.get_running_loop().run_in_executor(self._parser, self._parse, body, cluster, limit,
-                                                                  v2)
-        if isinstance(parsed, tuple):
-            return parsed
-        return await self._store(parsed, v2)
+        self._parsing += 1  # (the event loop's thread alone counts; _store counts down once queued)
+        queued = False
+        try:
+            parsed = await asyncio.get_running_loop().run_in_executor(self._parser, self._parse, body, cluster,
+                                                                      limit, v2)
+            if isinstance(parsed, tuple):
+                return parsed
+            queued = True
+            return await self._store(parsed, v2)
+        finally:
+            if not queued:
+                self._left_parse()
 
     def _parse(self, body: bytes, cluster: str, limit: int, v2: bool = False) -> Conversion | Answer:
         coll = self.coll
@@ -282,12 +302,15 @@ class Receiver:
         futs: list[asyncio.Future[Any]] = []
         rejected = list(conv.rejected)
         busy: str | None = None
-        for prep in conv.prepared:
-            try:
-                futs.append(coll.writer.submit(prep))
-            except (Overloaded, Unavailable) as e:
-                busy = str(e)
-                break
+        try:
+            for prep in conv.prepared:
+                try:
+                    futs.append(coll.writer.submit(prep))
+                except (Overloaded, Unavailable) as e:
+                    busy = str(e)
+                    break
+        finally:
+            self._left_parse()  # in the writer's queue now: its group need not wait for this body
         rows = dupes = skipped = colls = written = 0
         for prep, fut in zip(conv.prepared, futs, strict=False):
             try:
