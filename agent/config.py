@@ -59,6 +59,9 @@ class AgentConfig:
     slurm_mapping_dir: Path = Path("/var/run/gpufleet/jobs")
     gpustat_dir: Path = Path("/run/gpustat")
     kubelet_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    # the kubelet's pod log dirs (<namespace>_<pod>_<uid>): name the pods that the cgroup
+    # fallback finds only by UID when the kubelet's API does not answer
+    pod_log_dir: Path = Path("/var/log/pods")
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
     attribution_ttl_s: float = 5.0  # re-ask the kubelet / re-read /proc at most this often
@@ -137,6 +140,8 @@ FIELD_DOCS: dict[str, str] = {
     "slurm_mapping_dir": "job mapping dir the Slurm prolog writes (scripts/slurm/prolog.sh)",
     "gpustat_dir": "Princeton jobstats-style `/run/gpustat` dir",
     "kubelet_socket": "kubelet pod-resources socket",
+    "pod_log_dir": "the kubelet's pod log dir (`<namespace>_<pod>_<uid>` entries): names the pods found by cgroup "
+                   "UID when the kubelet socket does not answer (docs/agent.md)",
     "proc_root": "where /proc is (tests, containers)",
     "sys_root": "where /sys is (tests, containers)",
     "attribution_ttl_s": "re-ask the kubelet / re-read /proc at most this often",

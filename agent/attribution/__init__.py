@@ -36,7 +36,8 @@ def build_attributors(cfg: AgentConfig, source: object = None) -> list[Attributo
         from .kubernetes import KubernetesAttributor
 
         out.append(KubernetesAttributor(socket_path=cfg.kubelet_socket, proc_root=cfg.proc_root,
-                                        ttl_s=cfg.attribution_ttl_s, pod_jobs=PodJobs(cfg.kubernetes_job_patterns)))
+                                        ttl_s=cfg.attribution_ttl_s, pod_jobs=PodJobs(cfg.kubernetes_job_patterns),
+                                        pod_log_dir=cfg.pod_log_dir))
     if "process" in wanted or auto:
         from .processes import ProcessAttributor
 

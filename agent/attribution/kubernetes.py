@@ -3,12 +3,17 @@
 ``List`` says which pod/container holds which device (GPU UUID or MIG device id), even
 when nothing runs on it. The few proto3 messages are built at runtime with protobuf's
 descriptor API (no generated code, no grpcio-tools). When the kubelet does not answer,
-the pod UID in ``/proc/<pid>/cgroup`` of GPU processes is the fallback.
+the pod UID in ``/proc/<pid>/cgroup`` of GPU processes is the fallback, and the kubelet's pod
+log directory (``/var/log/pods/<namespace>_<pod>_<uid>/<container>/``, written by the kubelet
+for every pod on the node whatever the runtime) names that pod, so its GPUs get the same job
+as through the API (a PyTorchJob's pods grouped by name too).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from functools import cache
 from pathlib import Path
@@ -81,15 +86,44 @@ def gpu_owners(resp: Any) -> dict[str, tuple[str, str, str]]:
     return out
 
 
+_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$|^[0-9a-f]{32}$")
+
+
+def pods_by_uid(pod_log_dir: Path) -> dict[str, tuple[str, str, str | None]]:
+    """Pod UID -> (namespace, pod, container) from the kubelet's pod log directory, whose
+    entries are ``<namespace>_<pod>_<uid>`` (namespaces and pod names are DNS labels and
+    subdomains: no ``_``, so the split is exact; a static pod's UID is its 32-hex config hash).
+    The container is named only when the pod has one container directory. An entry of another
+    shape is skipped; a missing or unreadable directory is an empty map."""
+    out: dict[str, tuple[str, str, str | None]] = {}
+    try:
+        entries = list(os.scandir(pod_log_dir))
+    except OSError:
+        return out
+    for e in entries:
+        parts = e.name.split("_")
+        if len(parts) != 3 or not all(parts) or not _UID.match(parts[2]) or not e.is_dir():
+            continue
+        try:
+            ctrs = [c.name for c in os.scandir(e.path) if c.is_dir()]
+        except OSError:
+            ctrs = []
+        out[parts[2]] = (parts[0], parts[1], ctrs[0] if len(ctrs) == 1 else None)
+    return out
+
+
 class KubernetesAttributor:
     name = "kubernetes"
 
     def __init__(self, socket_path: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
                  proc_root: Path = Path("/proc"), ttl_s: float = 5.0, timeout_s: float = 2.0,
-                 pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> None:
+                 pod_jobs: PodJobs = DEFAULT_POD_JOBS, pod_log_dir: Path = Path("/var/log/pods")) -> None:
         self.pod_jobs = pod_jobs
         self.socket_path = Path(socket_path)
         self.proc_root = Path(proc_root)
+        self.pod_log_dir = Path(pod_log_dir)
+        self._pod_names: dict[str, tuple[str, str, str | None]] = {}
+        self._pod_names_at = -1e18
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
         self._owners: dict[str, tuple[str, str, str]] = {}
@@ -131,8 +165,23 @@ class KubernetesAttributor:
                 text = read_text(self.proc_root, pid, "cgroup")
                 uid = pod_uid_from_cgroup(text) if text else None
                 if uid:
-                    job_id = f"pod-uid/{uid}"
-                    a.gpu_job[r.uuid] = job_id
-                    a.jobs.setdefault(job_id, JobInfo(job_id=job_id, source="kubernetes", labels={"pod_uid": uid}))
+                    named = self._pod_name(uid)
+                    if named is not None:  # the job the API would have given (grouped or the pod)
+                        info = self.pod_jobs.job(*named)
+                    else:
+                        info = JobInfo(job_id=f"pod-uid/{uid}", source="kubernetes", labels={"pod_uid": uid})
+                    a.gpu_job[r.uuid] = info.job_id
+                    a.jobs.setdefault(info.job_id, info)
                     break
         return a
+
+    def _pod_name(self, uid: str) -> tuple[str, str, str | None] | None:
+        """(namespace, pod, container) of a pod UID, from the pod log directory: listed again
+        when a UID is not in it, at most every ttl_s (a pod started since the last listing)."""
+        named = self._pod_names.get(uid)
+        now = time.monotonic()
+        if named is None and now - self._pod_names_at >= self.ttl_s:
+            self._pod_names_at = now
+            self._pod_names = pods_by_uid(self.pod_log_dir)
+            named = self._pod_names.get(uid)
+        return named

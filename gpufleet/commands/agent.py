@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a("--gpustat-dir", type=Path, metavar="DIR",
       help="Princeton jobstats-style /run/gpustat dir [GPUFLEET_GPUSTAT_DIR]")
     a("--kubelet-socket", type=Path, metavar="PATH", help="kubelet pod-resources socket [GPUFLEET_KUBELET_SOCKET]")
+    a("--pod-log-dir", type=Path, metavar="DIR",
+      help="the kubelet's pod log dir, naming pods found by cgroup UID [GPUFLEET_POD_LOG_DIR]")
     a("--metrics-port", type=int, metavar="PORT", help="serve the agent's /metrics on PORT [GPUFLEET_METRICS_PORT]")
     a("--metrics-addr", metavar="ADDR", help="address for /metrics (default 0.0.0.0) [GPUFLEET_METRICS_ADDR]")
     a("--metrics-dcgm-names", action="store_const", const=True,
@@ -85,8 +87,8 @@ def _env_flag(name: str) -> bool:
 
 _SETTINGS = ("collector_url", "token", "node", "cluster", "source", "simulate", "gpus_per_node", "dcgm_exporter_url",
              "interval_s", "flush_s", "spool_dir", "spool_max_bytes", "attributors", "slurm_mapping_dir",
-             "gpustat_dir", "kubelet_socket", "metrics_port", "metrics_addr", "metrics_dcgm_names", "infiniband",
-             "gpm", "nccl_inspector_dir", "nic_health")
+             "gpustat_dir", "kubelet_socket", "pod_log_dir", "metrics_port", "metrics_addr", "metrics_dcgm_names",
+             "infiniband", "gpm", "nccl_inspector_dir", "nic_health")
 
 
 def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Any:

@@ -77,10 +77,60 @@ def test_list_maps_gpus_to_pods_even_when_idle(sock: Path, tmp_path: Path) -> No
 def test_pod_uid_from_cgroup_when_the_kubelet_is_away(sock: Path, tmp_path: Path) -> None:
     uid = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
     fake_proc(tmp_path, 77, f"0::/kubepods/burstable/pod{uid}/cri-abc\n")
-    k = KubernetesAttributor(sock, proc_root=tmp_path, ttl_s=0, timeout_s=0.5)  # nothing listens on sock
+    k = KubernetesAttributor(sock, proc_root=tmp_path, ttl_s=0, timeout_s=0.5,  # nothing listens on sock
+                             pod_log_dir=tmp_path / "no-pod-logs")
     a = k.attribute(DEVICES, [GpuReading("GPU-1", pids=(77,)), GpuReading("GPU-0", pids=(78,))], 0.0)
     assert a.gpu_job == {"GPU-1": f"pod-uid/{uid}"} and k.errors == 1
     assert a.jobs[f"pod-uid/{uid}"].labels == {"pod_uid": uid}
+
+
+def _pod_logs(root: Path, *pods: tuple[str, str, str, tuple[str, ...]]) -> Path:
+    """The kubelet's /var/log/pods: <namespace>_<pod>_<uid>/<container>/0.log."""
+    for ns, pod, uid, ctrs in pods:
+        d = root / f"{ns}_{pod}_{uid}"
+        d.mkdir(parents=True)
+        for c in ctrs:
+            (d / c).mkdir()
+            (d / c / "0.log").write_text("")
+    return root
+
+
+def test_the_pod_log_dir_names_a_pod_found_by_cgroup_uid(sock: Path, tmp_path: Path) -> None:
+    """The kubelet's API away: a GPU process's cgroup gives the pod UID, the pod log directory
+    the pod's name, so its GPUs get the job the API would give: a PyTorchJob's pods are one
+    job, a lone pod is itself with its one container; a pod missing from the listing (started
+    since, or an entry of another shape) keeps the UID job."""
+    u1, u2, u3, u4 = ("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5" + c for c in "bcde")
+    logs = _pod_logs(tmp_path / "pods", ("ml", "llm-worker-0", u1, ("pytorch",)),
+                     ("ml", "llm-worker-1", u2, ("pytorch", "sidecar")), ("ml", "solo-0", u3, ("main",)))
+    (logs / f"odd_name_with_{u4}").mkdir()  # not <namespace>_<pod>_<uid>: skipped
+    proc = tmp_path / "proc"
+    for pid, uid in ((71, u1), (72, u2), (73, u3), (74, u4)):
+        fake_proc(proc, pid, f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-ab.scope\n")
+    k = KubernetesAttributor(sock, proc_root=proc, ttl_s=60, timeout_s=0.5, pod_log_dir=logs)
+    a = k.attribute(DEVICES, [GpuReading("GPU-0", pids=(71,)), GpuReading("GPU-1", pids=(72,)),
+                              GpuReading("GPU-2", pids=(73,)), GpuReading("MIG-2a", pids=(74,))], 0.0)
+    assert a.gpu_job == {"GPU-0": "ml/llm", "GPU-1": "ml/llm", "GPU-2": "ml/solo-0", "MIG-2a": f"pod-uid/{u4}"}
+    assert a.jobs["ml/llm"].labels == {"job_from": "pod name"}
+    solo = a.jobs["ml/solo-0"]
+    assert (solo.namespace, solo.name, solo.labels) == ("ml", "solo-0", {"pod": "solo-0", "container": "main"})
+    # a pod started after the listing is named on the next call once ttl_s has passed
+    u5 = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5f"
+    _pod_logs(logs, ("ml", "late-0", u5, ("main",)))
+    fake_proc(proc, 75, f"0::/kubepods/besteffort/pod{u5}/abc\n")
+    assert k.attribute(DEVICES, [GpuReading("GPU-3", pids=(75,))], 1.0).gpu_job == {"GPU-3": f"pod-uid/{u5}"}
+    k._pod_names_at -= 61  # ttl_s later
+    assert k.attribute(DEVICES, [GpuReading("GPU-3", pids=(75,))], 2.0).gpu_job == {"GPU-3": "ml/late-0"}
+
+
+def test_pods_by_uid_on_a_missing_or_odd_directory(tmp_path: Path) -> None:
+    from gpufleet.agent.attribution.kubernetes import pods_by_uid
+
+    assert pods_by_uid(tmp_path / "absent") == {}
+    (tmp_path / "ml_a-file_0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5c").write_text("")  # the right name, not a dir
+    (tmp_path / "kube-system_etcd-node1_0f1e2d3c4b5a69788a9b0c1d2e3f4a5b").mkdir()  # a static pod: hash UID
+    (tmp_path / "ns__0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b").mkdir()  # empty pod name
+    assert pods_by_uid(tmp_path) == {"0f1e2d3c4b5a69788a9b0c1d2e3f4a5b": ("kube-system", "etcd-node1", None)}
 
 
 def test_a_pytorchjobs_pods_are_one_job_and_none_keeps_them_apart(sock: Path, tmp_path: Path) -> None:

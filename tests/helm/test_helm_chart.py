@@ -149,7 +149,7 @@ def test_agent_daemonset_reaches_the_host_and_gpus() -> None:
     assert pod["runtimeClassName"] == "nvidia"
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host == {"host-proc": "/proc", "host-sys": "/sys", "pod-resources": "/var/lib/kubelet/pod-resources",
-                    "spool": "/var/lib/gpufleet/spool"}
+                    "spool": "/var/lib/gpufleet/spool", "pod-logs": "/var/log/pods"}
     (c,) = pod["containers"]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
@@ -161,10 +161,22 @@ def test_agent_daemonset_reaches_the_host_and_gpus() -> None:
     assert env["GPUFLEET_NODE"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
     assert mounts["/host/proc"] and mounts["/host/sys"] and not mounts["/var/lib/gpufleet/spool"]
+    # the kubelet's pod log dirs name pods found by cgroup UID (agent/attribution/kubernetes.py)
+    assert env["GPUFLEET_POD_LOG_DIR"] == "/host/pod-logs" and mounts["/host/pod-logs"]
     sc = c["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     assert "privileged" not in sc and sc["capabilities"]["drop"] == ["ALL"]
     assert c["ports"] == [{"name": "metrics", "containerPort": 9401, "protocol": "TCP"}]
+
+
+@needs_helm
+def test_the_pod_log_mount_can_be_left_out() -> None:
+    ds = _kind(_render(sets=[*REQUIRED, "agent.podLogDir="]), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert "pod-logs" not in {v["name"] for v in pod["volumes"]}
+    assert "GPUFLEET_POD_LOG_DIR" not in {e["name"] for e in c["env"]}
+    assert "/host/pod-logs" not in {m["mountPath"] for m in c["volumeMounts"]}
 
 
 @needs_helm
