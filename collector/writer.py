@@ -139,8 +139,10 @@ class GroupWriter:
                     group.append(it)
                     rows += max(it.prep.n, 1)
                 # Idle, nothing is on its way and a lone batch goes at once; under load the
-                # group waits (at most linger_s) for the requests already accepted.
-                if self._stop or rows >= self.group_rows or self.incoming is None or self.incoming() <= 0:
+                # group waits (at most linger_s) for the requests already accepted. A full
+                # group (the next batch does not fit) goes at once too.
+                if self._stop or self._q or rows >= self.group_rows or self.incoming is None \
+                        or self.incoming() <= 0:
                     break
                 now = time.monotonic()
                 deadline = deadline or now + self.linger_s

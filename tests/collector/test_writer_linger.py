@@ -119,3 +119,31 @@ def test_stopping_writes_a_lingering_group(sqlite_url: str) -> None:
     w.engine = engine
     assert _stored(w) == a.n
     engine.dispose()
+
+
+def test_a_full_group_does_not_wait(sqlite_url: str) -> None:
+    """The next batch does not fit in the group (group_rows): the group is written at once,
+    the linger notwithstanding, and the batch left over goes in the next group."""
+    from gpufleet.collector.writer import GroupWriter
+    from gpufleet.storage.db import make_engine
+
+    a, b = _preps(2)
+    engine = make_engine(sqlite_url)
+    w = GroupWriter(engine, queue_rows=100_000, group_rows=a.n + b.n - 1)  # a and b never share one
+    w.incoming = lambda: 1
+    w.linger_s = 30.0
+
+    async def go() -> Any:
+        fa = w.submit(a)
+        w.submit(b)  # both queued before the writer runs
+        w.start()
+        return await asyncio.wait_for(fa, 15)
+
+    t0 = time.monotonic()
+    try:
+        ra = asyncio.run(go())
+        assert time.monotonic() - t0 < 15 and ra.stored == a.n
+    finally:
+        w.stop()  # b, lingering alone in the next group, is written on the way out
+    assert _stored(w) == a.n + b.n
+    engine.dispose()
