@@ -9,18 +9,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.exc import DataError
 
+from .metrics_share import SharedMetrics, exposition
 from .queries.common import BadRequest
 
 _lock = threading.Lock()
@@ -65,6 +67,10 @@ class _DbGauges(Collector):
 
 
 class ApiMetrics:
+    """``registry``: this process's own metrics (other parts register theirs in it too);
+    ``db_registry``: the database gauges, the same whichever process computes them. With
+    ``serve --workers N`` (``http.metrics_dir`` set) ``shared`` adds the other processes'."""
+
     def __init__(self, app: FastAPI) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("gpufleet_api_requests", "API requests by route and status",
@@ -72,7 +78,19 @@ class ApiMetrics:
         self.latency = Histogram("gpufleet_api_request_seconds", "API request latency by route", ["method", "route"],
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                  registry=self.registry)
-        self.registry.register(_DbGauges(app))
+        self.db_registry = CollectorRegistry(auto_describe=True)
+        self.db_registry.register(_DbGauges(app))
+        settings = getattr(app.state, "settings", None)
+        share_dir = settings.http.metrics_dir if settings is not None else ""
+        self.shared = SharedMetrics(self.registry, Path(share_dir)) if share_dir else None
+        if self.shared is not None:
+            self.shared.start()
+
+    def exposition(self) -> bytes:
+        """The /metrics body: this process's metrics (and, shared, every other process's), then
+        the database gauges once (two expositions concatenate: their family names differ)."""
+        own = exposition(self.shared.families()) if self.shared is not None else generate_latest(self.registry)
+        return own + generate_latest(self.db_registry)
 
 
 def metrics_for(app: FastAPI) -> ApiMetrics:

@@ -28,5 +28,7 @@ router.include_router(routes_ops.router)
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    metrics_for(app)  # create the per-app registry before the first scrape
+    m = metrics_for(app)  # create the per-app registry before the first scrape
     yield
+    if m.shared is not None:
+        m.shared.stop()

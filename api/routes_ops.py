@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
@@ -34,6 +34,5 @@ async def readyz(request: Request) -> Response:
 
 @router.get("/metrics", summary="Prometheus metrics of this service", response_class=Response)
 async def metrics(request: Request) -> Response:
-    reg = metrics_for(request.app).registry
-    body = await run_in_threadpool(generate_latest, reg)
+    body = await run_in_threadpool(metrics_for(request.app).exposition)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -75,6 +75,9 @@ class HttpSettings(Section):
                                "the grace period has passed", gt=0)
     body_grace_s: float = env("HTTP_BODY_GRACE_S", 60.0, "time a body may take before the minimum rate applies",
                               gt=0)
+    metrics_dir: str = env("METRICS_DIR", "", "where the processes of `gpufleet serve --workers N` share their "
+                           "/metrics (each process's counters, labelled `worker`); empty = a temporary directory "
+                           "`serve` creates and removes (api/metrics_share.py)")
 
 
 class AuthSettings(Section):

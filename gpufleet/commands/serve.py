@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(settings: Any) -> None:
+    import shutil
+    import sys
+    import tempfile
+
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
@@ -55,6 +59,17 @@ def serve(settings: Any) -> None:
     from gpufleet.server import SettingsConfig
 
     http = settings.http
+    made = None
+    if http.workers > 1 and not http.metrics_dir:
+        # the processes' shared /metrics (api/metrics_share.py): each scrape reaches one of them
+        try:
+            made = tempfile.mkdtemp(prefix="gpufleet-metrics-")
+        except OSError as e:
+            print(f"gpufleet serve: no temporary directory for the workers' shared /metrics ({e}); each scrape "
+                  "shows the answering process's counters only: set GPUFLEET_METRICS_DIR", file=sys.stderr)
+        else:
+            http = http.model_copy(update={"metrics_dir": made})
+            settings = settings.model_copy(update={"http": http})
     config = SettingsConfig(
         settings, host=http.host, port=http.port, workers=http.workers, log_level="info", access_log=False,
         # Nothing in gpufleet reads the client address, and uvicorn's X-Forwarded-* rewriting
@@ -66,10 +81,14 @@ def serve(settings: Any) -> None:
         # loaded 2-core box (load 11: a worker's imports took 13 s, killed, respawned, forever).
         timeout_worker_healthcheck=60,
     )
-    if config.workers > 1:
-        Multiprocess(config, sockets=[config.bind_socket()]).run()
-    else:
-        uvicorn.Server(config).run()
+    try:
+        if config.workers > 1:
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
+        else:
+            uvicorn.Server(config).run()
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def _require_schema(url: str) -> None:
