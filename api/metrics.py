@@ -100,6 +100,10 @@ def metrics_for(app: FastAPI) -> ApiMetrics:
             m = getattr(app.state, "api_metrics", None)
             if m is None:
                 m = ApiMetrics(app)
+                # collectors that parts whose lifespans run before this one left for it (the
+                # collector's write queue); later parts register in metrics_registry directly
+                for c in getattr(app.state, "metrics_collectors", ()):
+                    m.registry.register(c)
                 app.state.api_metrics = m
                 # other parts may add their own collectors to the same per-app registry
                 app.state.metrics_registry = m.registry

@@ -33,7 +33,7 @@ from gpufleet.collector.columns import prepare
 from gpufleet.collector.errors import BatchRejected, from_protocol
 from gpufleet.collector.fastdecode import decode_prepared
 from gpufleet.collector.validate import check_batch, check_jobs_on_own_gpus
-from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable
+from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable, WriterMetrics
 from gpufleet.settings import CollectorSettings
 from gpufleet.storage import tokens
 from gpufleet.storage.errors import is_transient, is_unreachable
@@ -274,6 +274,8 @@ router.add_route("/api/v1/import", import_ndjson, methods=["POST"], include_in_s
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     coll = Collector(app)
     app.state.collector = coll
+    # /metrics: the API part's lifespan, after this one, registers what is left here
+    app.state.metrics_collectors = [*getattr(app.state, "metrics_collectors", ()), WriterMetrics(coll.writer)]
     coll.start()
     try:
         yield

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import Engine
 
 from gpufleet.collector.errors import from_refusal
@@ -278,3 +279,29 @@ def _resolve_all(items: list[_Item], results: list[BatchResult]) -> None:
             loop.call_soon_threadsafe(done, pairs)
         except RuntimeError:  # the loop has closed (shutdown): nobody is waiting any more
             pass
+
+
+class WriterMetrics:
+    """The group writer on /metrics: how full its queue is and how many batches a commit holds
+    (``batches / commits``: what the remote-write linger buys, docs/prometheus.md)."""
+
+    def __init__(self, writer: GroupWriter) -> None:
+        self.w = writer
+
+    def collect(self) -> list[CounterMetricFamily | GaugeMetricFamily]:
+        w = self.w
+        out: list[CounterMetricFamily | GaugeMetricFamily] = []
+        for name, doc, v in (("gpufleet_ingest_queue_rows", "Rows waiting for this process's writer", w.pending_rows),
+                             ("gpufleet_ingest_queue_max_rows", "Rows waiting before ingest answers 503 "
+                              "(GPUFLEET_INGEST_QUEUE_ROWS)", w.queue_rows)):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], v)
+            out.append(g)
+        for name, doc, v in (("gpufleet_ingest_commits", "Group commits of this process's writer", w.commits),
+                             ("gpufleet_ingest_batches", "Batches those commits held (duplicates included)",
+                              w.batches),
+                             ("gpufleet_ingest_rows", "Sample rows those commits stored", w.rows)):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], v)
+            out.append(c)
+        return out

@@ -200,6 +200,13 @@ def test_metrics_count_requests_ignored_series_and_rows(sqlite_url, live_server)
     # compiler runs the Python paths): the server's answer is this venv's build
     for name, loaded in c_extensions().items():
         assert f'gpufleet_c_extension_loaded{{extension="{name}"}} {float(loaded)}' in text
+    # the group writer: one commit for this request's batches here, its rows, an empty queue
+    w = srv.app.state.collector.writer
+    assert w.commits >= 1 and w.batches >= w.commits and w.rows == 12
+    assert f"gpufleet_ingest_commits_total {float(w.commits)}" in text
+    assert f"gpufleet_ingest_batches_total {float(w.batches)}" in text
+    assert "gpufleet_ingest_rows_total 12.0" in text
+    assert "gpufleet_ingest_queue_rows 0.0" in text and "gpufleet_ingest_queue_max_rows 400000.0" in text
 
 
 def test_c_extension_gauge_says_when_the_python_path_runs(monkeypatch) -> None:
