@@ -115,8 +115,11 @@ class SharedMetrics:
         with self._write_lock:
             own = self.own_families()
             tmp = self._file.with_suffix(".tmp")
-            tmp.write_bytes(exposition(own))
-            os.replace(tmp, self._file)
+            try:
+                tmp.write_bytes(exposition(own))
+                os.replace(tmp, self._file)
+            except OSError as e:  # a full disk: this scrape still answers; the others lag
+                log.warning("could not share this worker's metrics in %s: %s", self.dir, e)
         return own
 
     def others(self) -> list[list[Metric]]:
@@ -163,8 +166,8 @@ class SharedMetrics:
         while not self._stop.wait(SHARE_S):
             try:
                 self.snapshot()
-            except Exception:  # a full disk must not kill the thread; the next round retries
-                log.exception("writing this worker's metrics for the other workers failed")
+            except Exception:  # never let the thread die; the next round retries
+                log.exception("collecting this worker's metrics for the other workers failed")
 
     def stop(self) -> None:
         self._stop.set()

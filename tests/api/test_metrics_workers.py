@@ -101,3 +101,11 @@ def test_a_dead_workers_file_is_left_out_and_removed(tmp_path: Path) -> None:
     assert workers == sorted([str(os.getpid()), str(os.getppid())])
     assert not (tmp_path / f"{dead.pid}.prom").exists()
     assert all(s.value == 5 for s in fams["gpufleet_things"].samples if s.name == "gpufleet_things_total")
+
+
+def test_a_scrape_answers_when_the_directory_is_gone(tmp_path: Path) -> None:
+    reg = CollectorRegistry()
+    Counter("gpufleet_things", "things", registry=reg).inc(2)
+    me = SharedMetrics(reg, tmp_path / "gone", pid=os.getpid())  # never created: every write fails
+    fams = {f.name: f for f in me.families()}
+    assert [s.value for s in fams["gpufleet_things"].samples] == [2.0]
