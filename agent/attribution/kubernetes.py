@@ -89,13 +89,13 @@ def gpu_owners(resp: Any) -> dict[str, tuple[str, str, str]]:
 _UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$|^[0-9a-f]{32}$")
 
 
-def pods_by_uid(pod_log_dir: Path) -> dict[str, tuple[str, str, str | None]]:
-    """Pod UID -> (namespace, pod, container) from the kubelet's pod log directory, whose
+def pods_by_uid(pod_log_dir: Path) -> dict[str, tuple[str, str, str]]:
+    """Pod UID -> (namespace, pod, its directory) from the kubelet's pod log directory, whose
     entries are ``<namespace>_<pod>_<uid>`` (namespaces and pod names are DNS labels and
     subdomains: no ``_``, so the split is exact; a static pod's UID is its 32-hex config hash).
-    The container is named only when the pod has one container directory. An entry of another
-    shape is skipped; a missing or unreadable directory is an empty map."""
-    out: dict[str, tuple[str, str, str | None]] = {}
+    One listing, no look inside the entries. An entry of another shape is skipped; a missing or
+    unreadable directory is an empty map."""
+    out: dict[str, tuple[str, str, str]] = {}
     try:
         entries = list(os.scandir(pod_log_dir))
     except OSError:
@@ -104,12 +104,17 @@ def pods_by_uid(pod_log_dir: Path) -> dict[str, tuple[str, str, str | None]]:
         parts = e.name.split("_")
         if len(parts) != 3 or not all(parts) or not _UID.match(parts[2]) or not e.is_dir():
             continue
-        try:
-            ctrs = [c.name for c in os.scandir(e.path) if c.is_dir()]
-        except OSError:
-            ctrs = []
-        out[parts[2]] = (parts[0], parts[1], ctrs[0] if len(ctrs) == 1 else None)
+        out[parts[2]] = (parts[0], parts[1], e.path)
     return out
+
+
+def only_container(pod_dir: str) -> str | None:
+    """The pod's container when its log directory holds exactly one, else None."""
+    try:
+        ctrs = [c.name for c in os.scandir(pod_dir) if c.is_dir()]
+    except OSError:
+        return None
+    return ctrs[0] if len(ctrs) == 1 else None
 
 
 class KubernetesAttributor:
@@ -122,7 +127,8 @@ class KubernetesAttributor:
         self.socket_path = Path(socket_path)
         self.proc_root = Path(proc_root)
         self.pod_log_dir = Path(pod_log_dir)
-        self._pod_names: dict[str, tuple[str, str, str | None]] = {}
+        self._pod_dirs: dict[str, tuple[str, str, str]] = {}  # the last listing (pods_by_uid)
+        self._pod_names: dict[str, tuple[str, str, str | None]] = {}  # UIDs named so far
         self._pod_names_at = -1e18
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
@@ -177,11 +183,20 @@ class KubernetesAttributor:
 
     def _pod_name(self, uid: str) -> tuple[str, str, str | None] | None:
         """(namespace, pod, container) of a pod UID, from the pod log directory: listed again
-        when a UID is not in it, at most every ttl_s (a pod started since the last listing)."""
+        when a UID is not in it, at most every ttl_s (a pod started since the last listing);
+        only a named pod's own directory is looked into, once."""
         named = self._pod_names.get(uid)
+        if named is not None:
+            return named
+        found = self._pod_dirs.get(uid)
         now = time.monotonic()
-        if named is None and now - self._pod_names_at >= self.ttl_s:
+        if found is None and now - self._pod_names_at >= self.ttl_s:
             self._pod_names_at = now
-            self._pod_names = pods_by_uid(self.pod_log_dir)
-            named = self._pod_names.get(uid)
+            self._pod_dirs = pods_by_uid(self.pod_log_dir)
+            self._pod_names = {u: n for u, n in self._pod_names.items() if u in self._pod_dirs}  # gone pods
+            found = self._pod_dirs.get(uid)
+        if found is None:
+            return None
+        ns, pod, where = found
+        named = self._pod_names[uid] = (ns, pod, only_container(where))
         return named

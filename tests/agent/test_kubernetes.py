@@ -130,7 +130,8 @@ def test_pods_by_uid_on_a_missing_or_odd_directory(tmp_path: Path) -> None:
     (tmp_path / "ml_a-file_0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5c").write_text("")  # the right name, not a dir
     (tmp_path / "kube-system_etcd-node1_0f1e2d3c4b5a69788a9b0c1d2e3f4a5b").mkdir()  # a static pod: hash UID
     (tmp_path / "ns__0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b").mkdir()  # empty pod name
-    assert pods_by_uid(tmp_path) == {"0f1e2d3c4b5a69788a9b0c1d2e3f4a5b": ("kube-system", "etcd-node1", None)}
+    static = tmp_path / "kube-system_etcd-node1_0f1e2d3c4b5a69788a9b0c1d2e3f4a5b"
+    assert pods_by_uid(tmp_path) == {"0f1e2d3c4b5a69788a9b0c1d2e3f4a5b": ("kube-system", "etcd-node1", str(static))}
 
 
 def test_a_pytorchjobs_pods_are_one_job_and_none_keeps_them_apart(sock: Path, tmp_path: Path) -> None:
