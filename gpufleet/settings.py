@@ -98,6 +98,9 @@ class AuthSettings(Section):
     proxy_groups_header: str = env("PROXY_GROUPS_HEADER", "x-forwarded-groups", "SSO proxy header with the groups")
     proxy_group_roles: str = env("PROXY_GROUP_ROLES", "", "SSO group -> role map, `group=role,...` (`*` = any "
                                  "signed-in user); roles viewer, operator, admin")
+    signin_max_failures: int = env("SIGNIN_MAX_FAILURES", 10, "wrong sign-ins one source (client address) may "
+                                   "make per window; more are answered 429 with Retry-After", ge=1)
+    signin_window_s: float = env("SIGNIN_WINDOW_S", 60.0, "the sign-in throttle's window in seconds", gt=0)
 
 
 class CollectorSettings(Section):
