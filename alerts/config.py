@@ -54,10 +54,19 @@ class Rule:
     exclude_users: tuple[str, ...] = ()
 
 
-# hw_fault is about the machine, not the user's code: it alerts at once, whatever it wasted.
+# Severity is not waste: two rules page on what a flag means, whatever GPU-hours it claims.
+# "waste" pages on claimed GPU-hours; "hardware" pages a node fault at once; "fabric" pages the
+# machine-side kinds whose cost the ledger books elsewhere (a degraded NIC, link errors claim no
+# waste of their own) or that point at one node (the straggler, throttling, a slow rank); any
+# critical flag pages at once ("critical"); "hang" pages a stopped job within minutes.
+FABRIC_KINDS = tuple(k for k in ("collective_slow", "network_degraded", "link_errors", "straggler", "throttled",
+                                 "slow_rank") if k in FLAG_KINDS)
 DEFAULT_RULES = (
     Rule(name="waste", flags=tuple(k for k in FLAG_KINDS if k != "hw_fault")),
     Rule(name="hardware", flags=("hw_fault",), min_severity="info", min_duration_s=0.0, min_wasted_gpu_hours=0.0),
+    Rule(name="fabric", flags=FABRIC_KINDS, min_severity="warning", min_duration_s=600.0, min_wasted_gpu_hours=0.0),
+    Rule(name="critical", flags=FLAG_KINDS, min_severity="critical", min_gpus=0, min_duration_s=0.0,
+         min_wasted_gpu_hours=0.0),
     # A critical hang (the job's own progress stopped, docs/progress.md) wastes every GPU from the
     # moment it starts: page within minutes, whatever it wasted so far, CPU-only jobs included.
     Rule(name="hang", flags=("hung",), min_severity="critical", min_gpus=0, min_duration_s=0.0,

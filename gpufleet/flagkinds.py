@@ -15,7 +15,7 @@ from typing import Any
 
 REGISTRY_PATH = Path(__file__).with_name("flagkinds.toml")
 
-SCOPES = ("job", "node", "gpu", "node_or_gpu", "progress")
+SCOPES = ("job", "node", "gpu", "node_or_gpu", "job_or_gpu", "progress")
 # Where a kind's detector lives, by the data it judges (tests/analysis/test_flagkinds.py holds
 # every kind to exactly one detector module there): "hardware" = the job's telemetry windows
 # (GPU samples, NCCL records, NIC counters; analysis/detectors/<name>.py), "progress" = the
@@ -25,7 +25,11 @@ SEVERITIES = ("info", "warning", "critical")
 WORKLOAD_CLASSES = ("training", "serving", "batch_inference", "interactive", "hpc")
 UNITS = ("ratio", "count", "minutes", "seconds", "MHz", "W", "GiB", "bytes", "bytes/s", "per_minute", "text",
          "list", "map", "xid")
-_PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")
+# "{key}" is the evidence value; "{key:restart|restarts}" is the value with the word that agrees
+# with it ("1 restart", "3 restarts"); "[[ ... || ... ]]" is the first part when every placeholder
+# in it has a value, else the second (which may be empty), so a template never prints "every n/a s".
+_PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)(?::([^{}|]*)\|([^{}]*))?\}")
+_OPTIONAL = re.compile(r"\[\[(.*?)(?:\|\|(.*?))?\]\]", re.S)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _KIND_KEYS = {"name", "source", "scope", "severity", "title", "summary", "suggestion", "suggestion_by_class",
               "suggestion_by_cause", "waste", "docs", "evidence"}
@@ -110,20 +114,33 @@ class FlagKind:
         (ratios as percentages, seconds rounded; a missing value reads "n/a")."""
         units = {e.key: e.unit for e in self.evidence}
 
-        def value(m: re.Match[str]) -> str:
-            v = evidence.get(m.group(1))
+        def text(key: str) -> str | None:
+            v = evidence.get(key)
             if v is None or isinstance(v, dict | list):
-                return "n/a"
+                return None
             if isinstance(v, bool) or not isinstance(v, int | float):
                 return str(v)
-            if units.get(m.group(1)) == "ratio":
+            if units.get(key) == "ratio":
                 return f"{v:.1%}"
-            if units.get(m.group(1)) == "seconds" or abs(v) >= 100:
+            if units.get(key) == "seconds" or abs(v) >= 100:
                 return f"{v:,.0f}"
             return f"{v:.3g}"
 
+        def value(m: re.Match[str]) -> str:
+            t = text(m.group(1))
+            if t is None:
+                return "n/a"
+            if m.group(2) is not None:  # "{n:word|words}": the number and the word that agrees with it
+                return f"{t} {m.group(2) if evidence.get(m.group(1)) == 1 else m.group(3)}"
+            return t
+
+        def optional(m: re.Match[str]) -> str:
+            filled = all(text(k.group(1)) is not None for k in _PLACEHOLDER.finditer(m.group(1)))
+            return m.group(1) if filled else (m.group(2) or "")
+
         cause = evidence.get("cause")
-        return _PLACEHOLDER.sub(value, self.suggestion_for(workload_class, cause if isinstance(cause, str) else None))
+        template = self.suggestion_for(workload_class, cause if isinstance(cause, str) else None)
+        return _PLACEHOLDER.sub(value, _OPTIONAL.sub(optional, template))
 
     def suggestion_for(self, workload_class: str | None, cause: str | None = None) -> str:
         """The advice that fits the measured cause (thermal throttling is not told to raise the
@@ -246,7 +263,7 @@ def _kind(d: Any, i: int) -> FlagKind:
         raise ValueError(f"{where}: suggestion_by_cause keys must be lower_snake_case: {bad}")
     declared = set(d["evidence"]) if isinstance(d["evidence"], dict) else set()
     for text in (d["suggestion"], *by_class.values(), *by_cause.values()):
-        undeclared = sorted(set(_PLACEHOLDER.findall(str(text))) - declared)
+        undeclared = sorted({m.group(1) for m in _PLACEHOLDER.finditer(str(text))} - declared)
         if undeclared:
             raise ValueError(f"{where}: suggestion placeholders {undeclared} are not evidence keys of the kind")
     return FlagKind(str(d["name"]), str(d["source"]), str(d["scope"]), str(d["severity"]), str(d["title"]),

@@ -120,7 +120,27 @@ def test_env_only_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not load_config().enabled
     monkeypatch.setenv("GPUFLEET_SLACK_WEBHOOK_URL", "http://h")
     c = load_config()
-    assert c.enabled and {r.name for r in c.rules} == {"waste", "hardware", "hang"}
+    assert c.enabled and {r.name for r in c.rules} == {"waste", "hardware", "fabric", "critical", "hang"}
+
+
+@pytest.mark.parametrize("kind", ["collective_slow", "network_degraded", "link_errors", "straggler", "throttled",
+                                  "slow_rank"])
+def test_default_rules_page_on_severity_as_well_as_waste(kind: str) -> None:
+    """Slow collectives, a degraded NIC, link errors, the straggler, throttling and a slow rank claim
+    little or no waste of their own (the ledger books the lost time elsewhere): the default rules
+    page on them all the same, while a zero-waste info flag stays quiet."""
+    d = decide_job(job(flags=(FlagFact(kind, "n1", "warning", 0.0),)), CFG, {}, None, [], set(), NOW)
+    assert d.notification is not None and d.notification.firing == (kind,)
+    quiet = job(flags=(FlagFact(kind, "n1", "info", 0.0),))
+    assert decide_job(quiet, CFG, {}, None, [], set(), NOW).notification is None
+    young = job(start_ts=NOW - 120, flags=(FlagFact(kind, "n1", "warning", 0.0),))  # under the rule's 10 min
+    assert decide_job(young, CFG, {}, None, [], set(), NOW).notification is None
+
+
+def test_any_critical_flag_pages_at_once() -> None:
+    j = job(start_ts=NOW - 60, flags=(FlagFact("idle_gpu", "", "critical", 0.0),))
+    d = decide_job(j, CFG, {}, None, [], set(), NOW)
+    assert d.notification is not None and d.notification.firing == ("idle_gpu",)
 
 
 def test_digest_groups_by_team_and_route() -> None:

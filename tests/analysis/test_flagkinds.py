@@ -48,6 +48,9 @@ CROSS_REFERENCES = {
     "pipeline_imbalance": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
                            "analysis/detectors/straggler.py": "a deviant without a hardware signature is one"},
 }
+# The default "fabric" alert rule pages these on severity, whatever waste they claim (docs/alerts.md).
+for _k in ("collective_slow", "network_degraded", "link_errors", "straggler", "throttled", "slow_rank"):
+    CROSS_REFERENCES.setdefault(_k, {})["alerts/config.py"] = "the default fabric rule pages it on severity"
 
 
 def _product_files() -> list[tuple[str, str]]:
@@ -156,3 +159,15 @@ def test_unknown_kind_shows_its_name() -> None:
     assert flag_kinds().title("from_a_newer_version") == "from_a_newer_version"
     with pytest.raises(KeyError, match="known"):
         flag_kinds().get("from_a_newer_version")
+
+
+def test_suggestion_templates_agree_in_number_and_drop_what_was_not_measured() -> None:
+    """"{n:word|words}" agrees with the number; "[[A||B]]" falls back when A lacks a value, so a
+    Slack message or page never reads "1 restarts" or "every n/a s"."""
+    k = flag_kinds().get("restart_lost_progress")
+    one = k.suggestion_with({"restarts": 1, "lost_steps": 3})
+    assert one.startswith("1 restart redid 3 steps: no checkpoint save was seen") and "n/a" not in one
+    full = k.suggestion_with({"restarts": 2, "lost_steps": 1, "restart_lost_s": 500, "share": 0.3,
+                              "young_daly_interval_s": 900, "checkpoint_cost_s": 20, "mtbf_s": 3000,
+                              "checkpoint_interval_s": 3600})
+    assert full.startswith("2 restarts redid 1 step (500 s, 30.0% of the allocation): checkpoint about every 900 s")
