@@ -1,0 +1,221 @@
+"""Engine metric pages -> gpufleet serving measures, and scrapes -> per-minute deltas (pure).
+
+``parse_exposition`` reads Prometheus text exposition (and OpenMetrics text) into samples;
+``snapshot`` maps one engine's samples onto the measures of ``serving_metrics.toml`` (histograms
+keep their buckets, cumulative since the engine started); ``delta`` turns two snapshots of one
+replica into what happened between them (a counter or bucket that went down means the engine
+restarted: the later value is the increase since the restart); ``fold`` adds the deltas of one
+minute. The agent's scrape and the remote-write receiver share these, so both give the same rows.
+A measure absent from a page stays absent: unknown, never zero.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpufleet.serving_metrics import Engine, ServingRegistry, serving_registry
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    name: str
+    labels: Labels
+    value: float
+
+    def label(self, key: str) -> str | None:
+        return next((v for k, v in self.labels if k == key), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Hist:
+    """A histogram in the measure's unit: ascending upper bounds (the last is +inf), cumulative counts."""
+
+    bounds: tuple[float, ...]
+    cum: tuple[float, ...]
+    sum: float
+
+    @property
+    def count(self) -> float:
+        return self.cum[-1] if self.cum else 0.0
+
+    def on_bounds(self, bounds: tuple[float, ...]) -> Hist:
+        """The same histogram read on a subset of its bounds (coarser buckets)."""
+        at = dict(zip(self.bounds, self.cum, strict=True))
+        return Hist(bounds, tuple(at[b] for b in bounds), self.sum)
+
+
+Value = Hist | float
+Snapshot = dict[str, Value]
+
+
+class ExpositionError(ValueError):
+    """A line of a metric page that cannot be read; ``line`` is its 1-based number."""
+
+    def __init__(self, line: int, text: str, why: str) -> None:
+        super().__init__(f"metric page line {line}: {why}: {text[:120]!r}")
+        self.line = line
+
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LINE = re.compile(rf"^({_NAME})(\{{.*\}})?\s+(\S+)(\s+\S+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _float(text: str) -> float:
+    low = text.lower()
+    if low in ("+inf", "inf"):
+        return math.inf
+    if low == "-inf":
+        return -math.inf
+    return float(text)
+
+
+def _labels(body: str, lineno: int, line: str) -> Labels:
+    out = []
+    pos = 0
+    inner = body[1:-1]
+    while pos < len(inner):
+        m = _LABEL.match(inner, pos)
+        if m is None:
+            if inner[pos:].strip() in ("", ","):
+                break
+            raise ExpositionError(lineno, line, "malformed labels")
+        value = re.sub(r"\\[\\\"n]", lambda x: _UNESCAPE[x.group(0)], m.group(2))
+        out.append((m.group(1), value))
+        pos = m.end()
+    return tuple(sorted(out))
+
+
+def parse_exposition(text: str) -> list[Sample]:
+    """Every sample line of a Prometheus/OpenMetrics text page; comments and # TYPE lines skipped."""
+    samples = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if m is None:
+            raise ExpositionError(lineno, line, "not a sample line")
+        labels = _labels(m.group(2), lineno, line) if m.group(2) else ()
+        try:
+            value = _float(m.group(3))
+        except ValueError:
+            raise ExpositionError(lineno, line, "value is not a number") from None
+        samples.append(Sample(m.group(1), labels, value))
+    return samples
+
+
+def _hist_of(samples: list[Sample], name: str, scale: float) -> Hist | None:
+    by_le: dict[float, float] = {}
+    total = 0.0
+    for s in samples:
+        if s.name == f"{name}_bucket":
+            le = s.label("le")
+            if le is None:
+                continue
+            bound = _float(le)
+            by_le[bound] = by_le.get(bound, 0.0) + s.value
+        elif s.name == f"{name}_sum":
+            total += s.value
+    if not by_le or math.inf not in by_le:
+        return None
+    bounds = sorted(by_le)
+    return Hist(tuple(b * scale for b in bounds), tuple(by_le[b] for b in bounds), total * scale)
+
+
+def _scalar_of(samples: list[Sample], names: tuple[str, ...], agg: str) -> float | None:
+    for name in names:
+        values = [s.value for s in samples if s.name == name and not math.isnan(s.value)]
+        if values:
+            return sum(values) / len(values) if agg == "mean" else sum(values)
+    return None
+
+
+def snapshot(samples: Iterable[Sample], engine: Engine | str, registry: ServingRegistry | None = None) -> Snapshot:
+    """The measures one engine's page carries (cumulative histograms and counters, gauges now)."""
+    reg = registry or serving_registry()
+    eng = reg.engine(engine) if isinstance(engine, str) else engine
+    prefixes = tuple({m.name for m in eng.metrics})
+    mine = [s for s in samples if s.name.startswith(prefixes)]
+    out: Snapshot = {}
+    for mname, measure in reg.measures.items():
+        for em in eng.for_measure(mname):
+            value: Value | None
+            if measure.kind == "histogram":
+                value = _hist_of(mine, em.name, em.scale)
+            elif em.source == "sum":
+                v = _scalar_of(mine, (f"{em.name}_sum",), "sum")
+                value = None if v is None else v * em.scale
+            else:
+                names = (em.name,) if em.name.endswith("_total") else (em.name, f"{em.name}_total")
+                v = _scalar_of(mine, names, measure.agg)
+                value = None if v is None else v * em.scale
+            if value is not None:
+                out[mname] = value
+                break
+    return out
+
+
+def _hist_delta(prev: Hist, cur: Hist) -> Hist:
+    if prev.bounds != cur.bounds:
+        return cur  # the engine restarted with other buckets: everything it has is new
+    diffs = [c - p for c, p in zip(cur.cum, prev.cum, strict=True)]
+    if any(d < 0 for d in diffs):
+        return cur  # reset: counts since the restart
+    return Hist(cur.bounds, tuple(diffs), max(cur.sum - prev.sum, 0.0))
+
+
+def delta(prev: Mapping[str, Value] | None, cur: Mapping[str, Value],
+          registry: ServingRegistry | None = None) -> Snapshot:
+    """What happened between two snapshots of one replica. Without ``prev`` only gauges are known."""
+    reg = registry or serving_registry()
+    out: Snapshot = {}
+    for name, value in cur.items():
+        kind = reg.measures[name].kind
+        if kind == "gauge":
+            out[name] = value
+            continue
+        before = None if prev is None else prev.get(name)
+        if before is None:
+            continue  # first sight: the increase since the last scrape is unknown
+        if isinstance(value, Hist) and isinstance(before, Hist):
+            out[name] = _hist_delta(before, value)
+        elif isinstance(value, float | int) and isinstance(before, float | int):
+            out[name] = float(value - before) if value >= before else float(value)
+    return out
+
+
+def add_hists(a: Hist, b: Hist) -> Hist:
+    """Sum two histograms, on the bounds they share when an engine changed its buckets."""
+    if a.bounds != b.bounds:
+        common = tuple(sorted(set(a.bounds) & set(b.bounds)))
+        a, b = a.on_bounds(common), b.on_bounds(common)
+    return Hist(a.bounds, tuple(x + y for x, y in zip(a.cum, b.cum, strict=True)), a.sum + b.sum)
+
+
+def fold(deltas: Iterable[Mapping[str, Value]], registry: ServingRegistry | None = None) -> Snapshot:
+    """One minute from its scrape deltas: histograms and counters add up, gauges average."""
+    reg = registry or serving_registry()
+    out: Snapshot = {}
+    gauges: dict[str, list[float]] = {}
+    for d in deltas:
+        for name, value in d.items():
+            if reg.measures[name].kind == "gauge":
+                gauges.setdefault(name, []).append(float(value))  # type: ignore[arg-type]
+                continue
+            have = out.get(name)
+            if have is None:
+                out[name] = value
+            elif isinstance(have, Hist) and isinstance(value, Hist):
+                out[name] = add_hists(have, value)
+            elif isinstance(have, float | int) and isinstance(value, float | int):
+                out[name] = float(have) + float(value)
+    for name, values in gauges.items():
+        out[name] = sum(values) / len(values)
+    return out
