@@ -16,6 +16,10 @@ ROOTS = {
     "gpufleet.api": "api",
     "gpufleet.migrations": "migrations",
 }
+# Folders of data only (no __init__.py): listed as packages of their own, with every subfolder,
+# so the package-data patterns in pyproject.toml apply inside them. Without this the wheel held
+# no JS, CSS or SVG and `serve` answered 500 on /static/app.css (scripts/smoke_wheel.sh checks).
+DATA_ROOTS = {"gpufleet.api.static": "api/static"}
 
 
 def _packages() -> tuple[list[str], dict[str, str]]:
@@ -27,6 +31,14 @@ def _packages() -> tuple[list[str], dict[str, str]]:
             name = ".".join([pkg, *rel.parts]) if rel.parts else pkg
             packages.append(name)
             dirs[name] = str(init.parent.relative_to(here))
+    for pkg, folder in DATA_ROOTS.items():
+        for d in sorted(p for p in [here / folder, *(here / folder).rglob("*")] if p.is_dir()):
+            if d.name == "__pycache__":
+                continue
+            rel = d.relative_to(here / folder)
+            name = ".".join([pkg, *rel.parts])
+            packages.append(name)
+            dirs[name] = str(d.relative_to(here))
     return packages, dirs
 
 

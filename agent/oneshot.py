@@ -80,8 +80,11 @@ def as_dict(node: str, s: Sample) -> dict[str, object]:
 
 def sample_once(cfg: AgentConfig, sources: list[tuple[str, Source]], *, print_: bool, as_json: bool = False,
                 out: TextIO | None = None) -> int:
+    """Returns the exit status: 1 when any node's batch was not stored (refused with 401/403/409,
+    dead-lettered, or the collector did not answer in time), so `--once` is a node bring-up check."""
     out = out or sys.stdout
     dumps = []
+    failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpufleet-once-") as tmp:
         for node, source in sources:
             # Printing must not leave anything in (or need write access to) the real spool.
@@ -101,7 +104,11 @@ def sample_once(cfg: AgentConfig, sources: list[tuple[str, Source]], *, print_: 
                     agent.cycle(time.time())
                     agent.flush()
                     sent = agent.sender.drain(cfg.timeout_s)
-                    out.write(f"node {node}: sent {sent} batch(es); {len(agent.spool)} left in {agent.spool.dir}\n")
+                    left, dead = len(agent.spool), agent.sender.dead_lettered
+                    out.write(f"node {node}: sent {sent} batch(es); {left} left in {agent.spool.dir}"
+                              + (f"; {dead} refused for good (in {agent.spool.dead_dir})" if dead else "") + "\n")
+                    if left or dead:
+                        failed.append(node)
             finally:
                 agent.journal.close()
                 agent.spool.unlock()
@@ -109,4 +116,7 @@ def sample_once(cfg: AgentConfig, sources: list[tuple[str, Source]], *, print_: 
                 source.close()
     if as_json:
         out.write(json.dumps(dumps if len(dumps) != 1 else dumps[0], indent=2) + "\n")
+    if failed:
+        sys.stderr.write(f"not stored at {cfg.collector_url}: {', '.join(failed)} (the log above says why)\n")
+        return 1
     return 0

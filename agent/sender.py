@@ -107,6 +107,7 @@ class Sender:
         self._last_auth_log = 0.0
         self._down_since: float | None = None
         self.stopping = False  # at shutdown an unreachable collector is expected, not news
+        self.dead_lettered = 0  # batches refused for good since start (`agent --once` exits 1 on any)
         self.clock_skew_s: float | None = None
         self._last_skew_log = -1e18
 
@@ -192,6 +193,7 @@ class Sender:
             target = self.spool.dead_letter(item, r.status or 0, r.detail)
             log.error("collector rejected batch %s for good (HTTP %s: %s): dead-lettered to %s",
                       item.path.name, r.status, r.detail, target)
+            self.dead_lettered += 1
             if m:
                 m.dead_lettered(item.rows)  # type: ignore[attr-defined]
             return r, 0.0
@@ -234,7 +236,8 @@ class Sender:
                 stop.wait(delay)
 
     def drain(self, deadline_s: float) -> int:
-        """Send what is spooled until empty, a failure, or the deadline; returns batches sent."""
+        """Send what is spooled until empty, a failure, or the deadline; returns batches sent
+        (stored or a duplicate; a dead-lettered batch is not sent, and the loop goes on past it)."""
         end = time.monotonic() + deadline_s
         n = 0
         while time.monotonic() < end:
@@ -244,7 +247,7 @@ class Sender:
             r, _ = got
             if r.outcome not in (Outcome.SENT, Outcome.DEAD):
                 break
-            n += 1
+            n += r.outcome is Outcome.SENT
         return n
 
     def close(self) -> None:

@@ -36,6 +36,8 @@ def test_token_and_agent_flags_from_the_readme(sqlite_url: str, live_server, tmp
 
     r = agent("--node", "gpu-a017")  # the old README: no --cluster
     assert "403" in r.stdout + r.stderr
+    # Every batch refused: `--once` fails, so it serves as a node bring-up check (issue 37).
+    assert r.returncode == 1 and "not stored" in r.stderr, r.stdout + r.stderr
     r = agent("--cluster", "prod", "--node", "gpu-a017")
     assert r.returncode == 0 and "sent 1 batch" in r.stdout, r.stdout + r.stderr
     eng = sa.create_engine(sqlite_url)
