@@ -18,7 +18,7 @@ from sqlalchemy import Engine, delete, insert, select
 
 from gpufleet.storage.models import ApiToken
 from gpufleet.storage.session_models import WebSession
-from gpufleet.storage.tokens import ROLES, TokenInfo, verify_token
+from gpufleet.storage.tokens import ROLES, TokenInfo, unsupported_scope, verify_token
 
 W = WebSession.__table__
 SESSION_PREFIX = "gps_"
@@ -63,6 +63,9 @@ def sign_in_with_token(engine: Engine, raw_token: str, ttl_s: float, now: float 
         raise SignInError("unknown or revoked token")
     if info.role == "agent":
         raise SignInError(f"token {info.name!r} is an agent token; sign in with a viewer, operator or admin token")
+    why = unsupported_scope(info)
+    if why is not None:
+        raise SignInError(why)
     with engine.connect() as c:
         token_id = c.execute(select(ApiToken.id).where(ApiToken.name == info.name)).scalar_one_or_none()
     return _create(engine, info.name, info.role, info.cluster, "token", token_id, ttl_s, now)

@@ -68,6 +68,9 @@ def create_token(engine: Engine, name: str, role: str, cluster: str | None = Non
         raise ValueError(f"token name must be 1-{_NAME_MAX} characters, without control characters")
     if node is not None and role != "agent":
         raise ValueError("--node only applies to agent tokens")
+    if cluster is not None and role != "agent":
+        raise ValueError(f"--cluster only applies to agent tokens: reads are not cluster-scoped, so a {role} token "
+                         "would see every cluster anyway; create it without --cluster")
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with engine.begin() as c:
         exists = c.execute(select(ApiToken.id).where(ApiToken.name == name)).first()
@@ -133,6 +136,16 @@ def verify_token(engine: Engine, raw: str) -> TokenInfo | None:
     return info
 
 
+def unsupported_scope(info: TokenInfo) -> str | None:
+    """Why a stored token cannot be used as it was meant, or None. A viewer/operator/admin token
+    with a cluster (made before ``--cluster`` was refused for them) was meant to read one
+    cluster, but reads are not cluster-scoped: refused rather than let it read every cluster."""
+    if info.role != "agent" and info.cluster is not None:
+        return (f"token {info.name!r} ({info.role}) was created for cluster {info.cluster!r}, but people's "
+                "tokens cannot be limited to a cluster; an admin revokes it and creates one without --cluster")
+    return None
+
+
 def authorize(engine: Engine, authorization_header: str | None, required: str, allow_anonymous: bool,
               identity: TokenInfo | None = None) -> TokenInfo:
     """Check an ``Authorization`` header for role ``required``; raises AuthError(401/403).
@@ -153,6 +166,9 @@ def authorize(engine: Engine, authorization_header: str | None, required: str, a
     info = verify_token(engine, raw)
     if info is None:
         raise AuthError(401, "unknown or revoked token")
+    why = unsupported_scope(info)
+    if why is not None:
+        raise AuthError(403, why)
     if not role_at_least(info.role, required):
         raise AuthError(403, f"token {info.name!r} has role {info.role}; this needs {required}")
     return info

@@ -8,6 +8,7 @@ the caller's identity on every request."""
 from __future__ import annotations
 
 import html
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from gpufleet.storage.tokens import role_at_least
 
 from .identity import CSRF_COOKIE, SESSION_COOKIE
 from .middleware import IDENTITY, SESSION, SSO, web_auth_config
+from .redirects import safe_next
+from .throttle import SignInThrottle, client_source
 from .tokens import router as tokens_router
 
 router = APIRouter(tags=["auth"])
@@ -70,15 +73,35 @@ def _caps(role: str) -> dict[str, bool]:
             "tokens": role_at_least(role, "admin")}
 
 
+def _throttle(request: Request) -> SignInThrottle:
+    """This app's sign-in throttle (one per process), made from its settings on first use."""
+    t: SignInThrottle | None = getattr(request.app.state, "signin_throttle", None)
+    if t is None:
+        auth = request.app.state.settings.auth
+        t = request.app.state.signin_throttle = SignInThrottle(int(getattr(auth, "signin_max_failures", 10)),
+                                                               float(getattr(auth, "signin_window_s", 60.0)))
+    return t
+
+
 @router.post("/api/v1/auth/signin")
 async def sign_in(request: Request, body: SignIn) -> JSONResponse:
     """Exchange a token for a session cookie. The token itself is never stored in the browser."""
     cfg = web_auth_config(request.app.state.settings)
+    throttle = _throttle(request)
+    source = client_source(request.client.host if request.client else None,
+                           request.headers.get("x-forwarded-for"), cfg)
+    wait = throttle.retry_after(source, time.monotonic())
+    if wait is not None:
+        raise HTTPException(429, f"too many wrong sign-ins from {source}: try again in {wait} s "
+                                 "(GPUFLEET_SIGNIN_MAX_FAILURES per GPUFLEET_SIGNIN_WINDOW_S)",
+                            headers={"Retry-After": str(wait)})
     try:
         raw, s = await run_in_threadpool(sessions.sign_in_with_token, request.app.state.engine, body.token,
                                          cfg.session_ttl_s)
     except sessions.SignInError as e:
+        throttle.failed(source, time.monotonic())
         raise HTTPException(401, str(e)) from None
+    throttle.succeeded(source)
     resp = JSONResponse({"name": s.name, "role": s.role, "expires_at": s.expires_at, "can": _caps(s.role)})
     _set_cookies(request, resp, raw, cfg.session_ttl_s)
     resp.headers["Cache-Control"] = "no-store"
@@ -122,8 +145,8 @@ async def me(request: Request) -> JSONResponse:
 
 @router.get("/signin", response_class=HTMLResponse, include_in_schema=False)
 def signin_page(request: Request, next: str = "/") -> HTMLResponse:
-    # Only same-site paths: an open redirect would let a link sign someone in, then send them away.
-    target = next if next.startswith("/") and not next.startswith("//") and "\\" not in next else "/"
+    # Only same-origin paths: an open redirect would let a link sign someone in, then send them away.
+    target = safe_next(next)
     body = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">

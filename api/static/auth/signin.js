@@ -6,6 +6,15 @@
   const form = document.getElementById("signin-form");
   const err = document.getElementById("signin-error");
   const next = main.dataset.next || "/";
+  // The server already checked next (api/auth/redirects.py); this is the same rule again, in the
+  // browser's own URL parser: a path whose resolved origin is this page's, else "/".
+  function sameOrigin(target) {
+    if (!target.startsWith("/") || target.startsWith("//") || /[\u0000-\u0020\u007f\\]/.test(target)) return "/";
+    try {
+      const u = new URL(target, location.origin);
+      return u.origin === location.origin ? u.pathname + u.search + u.hash : "/";
+    } catch { return "/"; }
+  }
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     err.textContent = "";
@@ -22,7 +31,7 @@
         err.textContent = `Sign-in failed: ${detail}`;
         return;
       }
-      location.assign(next.startsWith("/") && !next.startsWith("//") ? next : "/");
+      location.assign(sameOrigin(next));
     } catch (e) {
       err.textContent = `Sign-in failed: ${e.message}`;
     }
