@@ -32,6 +32,7 @@ from gpufleet.collector.answers import Answer, BodyReader, answer, read_limited_
 from gpufleet.collector.columns import prepare
 from gpufleet.collector.errors import BatchRejected, from_protocol
 from gpufleet.collector.fastdecode import decode_prepared
+from gpufleet.collector.intake_schema import refused_json
 from gpufleet.collector.validate import check_batch, check_jobs_on_own_gpus
 from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable, WriterMetrics
 from gpufleet.settings import CollectorSettings
@@ -78,6 +79,7 @@ class Collector:
         self._auth: dict[tuple[str | None, str], tuple[float, tokens.TokenInfo | tokens.AuthError]] = {}
         self._maint = MaintenanceLoop(self.engine, self.settings.maintenance)
         self._started = False
+        self.refused_records = 0  # side records refused by the intake schema (partial acceptance)
 
     def start(self) -> None:
         self.writer.start()
@@ -196,8 +198,8 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
         fast = prep is not None  # the fast decoder has checked the gpus and jobs lists already
         if prep is None:  # the generic path names what is wrong
             prep = prepare(batch)
-        check_batch(batch, prep, time.time(), max_rows=coll.settings.http.max_rows_per_batch,
-                    max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, dims_checked=fast)
+        refused = check_batch(batch, prep, time.time(), max_rows=coll.settings.http.max_rows_per_batch,
+                              max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, dims_checked=fast)
         if who.node is not None:
             check_jobs_on_own_gpus(prep)
         fut = coll.writer.submit(prep)
@@ -216,6 +218,11 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
     except Exception:
         log.exception("ingest failed")
         return answer(500, "internal error storing the batch (logged on the collector)")
+    if refused:
+        # Partial acceptance: the rest of the batch is stored; the agent dead-letters these.
+        coll.refused_records += len(refused)
+        return 200, _json.encode({"stored": res.stored, "duplicate": res.duplicate,
+                                  "refused": refused_json(refused), "refused_count": len(refused)}), []
     return 200, _json.encode({"stored": res.stored, "duplicate": res.duplicate}), []
 
 

@@ -1,7 +1,9 @@
 """Hard limits on a decoded batch, beyond the catalog checks ``collector.columns.prepare`` does:
 sizes, string lengths (the schema's and sane ones), integer ranges the columns can hold,
 timestamps too far in the past or future. Every message names the field and row; a batch
-that fails stores nothing."""
+that fails stores nothing. The side records (progress, collectives, NIC health) are screened
+one by one against the intake schema (``collector.intake_schema``): a bad one is refused by
+itself and the rest of the batch is stored."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.collector.errors import BatchRejected, reject
+from gpufleet.collector import intake_schema
+from gpufleet.collector.errors import BatchRejected, Rejection, reject
 from gpufleet.protocol import Batch, GpuInfo, JobInfo
-from gpufleet.storage.collectives import FabricRejected, check_fabric
 from gpufleet.storage.prepared import Prepared
 
-INT32 = 2**31 - 1
-INT63 = 2**63 - 1
+INT32 = intake_schema.INT4[1]
+INT63 = intake_schema.INT8[1]
 MAX_GPUS = 4096
 MAX_JOBS = 4096
 MAX_ALLOCATIONS = 8192
@@ -29,16 +31,9 @@ def _str(part: str, field: str | None, v: str | None, limit: int, *, row: int | 
          required: bool = False) -> None:
     if v is None:
         return
-    if required and not v:
-        raise reject(part, "must not be empty", field=field, row=row)
-    if len(v) > limit:
-        raise reject(part, f"{len(v)} characters, at most {limit}", field=field, row=row)
-    if "\x00" in v:
-        raise reject(part, "contains a NUL character", field=field, row=row)
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        raise reject(part, "not valid UTF-8 (lone surrogate)", field=field, row=row) from None
+    problem = intake_schema.text_problem(v, 1 if required else 0, limit)
+    if problem is not None:
+        raise reject(part, problem, field=field, row=row)
 
 
 def _int(part: str, field: str, v: int | None, lo: int, hi: int, *, row: int | None = None) -> None:
@@ -58,9 +53,13 @@ def _ts(part: str, field: str, v: float | None, lo: float, hi: float, *, row: in
 
 
 def check_batch(batch: Batch, prep: Prepared, now: float, *, max_rows: int, max_age_s: float | None,
-                max_future_s: float, dims_checked: bool = False) -> None:
+                max_future_s: float, dims_checked: bool = False) -> list[Rejection]:
     """Raise BatchRejected (413 for size, 422 otherwise) when ``batch`` breaks a limit.
-    ``dims_checked``: the caller already ran check_gpus and check_jobs on these lists."""
+    ``dims_checked``: the caller already ran check_gpus and check_jobs on these lists.
+    Side records the database cannot store are taken out of ``prep.batch`` (which is then
+    stored without them) and returned, one Rejection each."""
+    batch, refused = intake_schema.screen(batch)
+    prep.batch = batch
     a = batch.agent
     if prep.n > max_rows:
         raise reject("samples", f"{prep.n} rows, at most {max_rows} per batch", status=413)
@@ -92,15 +91,15 @@ def check_batch(batch: Batch, prep: Prepared, now: float, *, max_rows: int, max_
         _str("events", "gpu_uuid", e.gpu_uuid, 96, row=i)
         _int("events", "code", e.code, -INT32, INT32, row=i)
         _str("events", "message", e.message, 4096, row=i)
-    if batch.collectives or batch.nics or batch.gpu_nics:  # NCCL collectives and the fabric (docs/nccl.md)
-        try:
-            check_fabric(batch)
-        except FabricRejected as e:
-            raise reject(e.part, e.message, field=e.field or None, row=e.row) from None
     if prep.n:
         _check_ts(prep.ts, lo, hi)
         _check_strings("gpu", prep.gpu, 96, required=True)
         _check_strings("job", prep.job, 255, required=False)
+    if refused and not (prep.n or batch.gpus or batch.jobs or batch.allocations or batch.events
+                        or batch.progress or batch.collectives or batch.nics or batch.gpu_nics):
+        # Nothing left to store: the batch itself is refused, naming its first bad record.
+        raise BatchRejected(refused[0])
+    return refused
 
 
 def check_gpus(gpus: list[GpuInfo]) -> None:

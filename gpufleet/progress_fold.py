@@ -28,10 +28,13 @@ MAX_EVENTS_PER_WINDOW = 20
 MAX_STREAMS = 4096
 HIST_BASE = 1.1  # step-time histogram buckets: 10% wide, mergeable across windows and ranks
 _LOG_BASE = math.log(HIST_BASE)
+# The buckets a step time can land in (1 us .. 1e7 s): what the intake stores and readers trust.
+HIST_MIN_BUCKET = math.floor(math.log(1e-6) / _LOG_BASE)
+HIST_MAX_BUCKET = math.floor(math.log(1e7) / _LOG_BASE)
 
 
 def hist_bucket(seconds: float) -> int:
-    return math.floor(math.log(max(seconds, 1e-6)) / _LOG_BASE)
+    return min(HIST_MAX_BUCKET, math.floor(math.log(min(max(seconds, 1e-6), 1e7)) / _LOG_BASE))
 
 
 def hist_value(bucket: int) -> float:
@@ -359,8 +362,14 @@ class Folder:
 
     def close_all(self, now_wall: float, now_mono: float) -> list[dict[str, Any]]:
         """Shutting down: every open window goes now (streams that continue later resume in
-        a new window; nothing is counted twice)."""
-        for s in self.streams.values():
+        a new window; nothing is counted twice). A stream whose process said it exits ends
+        here as ``close_due`` would end it: the HTTP sink closes right after the exit record,
+        and a window sent as still alive would read as a rank that stopped stepping (hung)."""
+        for key, s in list(self.streams.items()):
+            if s.exited_at is not None:
+                self.ready.append(s.finish())
+                del self.streams[key]
+                continue
             self.ready.append(s.export(s.window, ended=False))
             s.window = _Window(s.window.start + WINDOW_S)
         out, self.ready = self.ready, []

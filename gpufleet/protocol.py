@@ -14,7 +14,7 @@ import gzip
 import math
 import sys
 from array import array
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -69,39 +69,34 @@ class Event(msgspec.Struct, forbid_unknown_fields=True):
     message: str = ""
 
 
-# Plausibility bounds of progress windows: a bad value is refused at decode, naming the field.
-_JobId = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
-_Count = Annotated[int, msgspec.Meta(ge=0)]
-_Epoch = Annotated[float, msgspec.Meta(gt=946684800, lt=4102444800)]
-_Seconds = Annotated[float, msgspec.Meta(ge=0, lt=1e7)]
-
-
 class ProgressWindow(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """10 s of one training process's own progress, folded by the agent's relay from what
     ``gpufleet.progress`` reported (docs/progress.md). Seconds are wall seconds of that
-    process; None = not reported (unknown, never zero)."""
+    process; None = not reported (unknown, never zero). Only the types are checked at decode:
+    the values' bounds are the collector's intake schema (collector/intake_schema.py), which
+    refuses a bad window by itself and keeps the rest of its batch."""
 
-    job_id: _JobId
-    rank: _Count
-    pid: _Count
-    start: _Epoch
-    end: _Epoch
+    job_id: str
+    rank: int
+    pid: int
+    start: float
+    end: float
     world_size: int | None = None
     local_rank: int | None = None
     gpu: str | None = None  # from CUDA_VISIBLE_DEVICES and LOCAL_RANK: uuid or index
     host: str | None = None
-    steps: _Count = 0
+    steps: int = 0
     first_step: int | None = None
     last_step: int | None = None
     max_step: int | None = None
-    restarts: _Count = 0  # step counter went back inside this process
-    lost_steps: _Count = 0
+    restarts: int = 0  # step counter went back inside this process
+    lost_steps: int = 0
     tokens: int | None = None
     samples: int | None = None
-    productive_s: _Seconds = 0.0
-    stall_s: _Seconds = 0.0  # alive, no step for far longer than usual, no span open
-    unfinished_s: _Seconds = 0.0  # the step the process was in when it disappeared
-    spans: Annotated[dict[str, _Seconds], msgspec.Meta(max_length=64)] = {}  # outermost span seconds by kind
+    productive_s: float = 0.0
+    stall_s: float = 0.0  # alive, no step for far longer than usual, no span open
+    unfinished_s: float = 0.0  # the step the process was in when it disappeared
+    spans: dict[str, float] = {}  # outermost span seconds by kind
     span_counts: dict[str, int] = {}
     step_time_p50_s: float | None = None
     step_time_p95_s: float | None = None
@@ -117,7 +112,7 @@ class ProgressWindow(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     flops_per_step: float | None = None
     params: int | None = None
     dropped: int = 0  # client events lost so far (buffer full, no listener)
-    events: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=100)] = []
+    events: list[dict[str, Any]] = []
     events_dropped: int = 0
 
 

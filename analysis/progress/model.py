@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.progress_fold import HIST_MAX_BUCKET, HIST_MIN_BUCKET
+
 SPAN_CAUSES = ("init", "compile", "data_wait", "checkpoint_save", "checkpoint_load", "eval")
 OTHER_CAUSES = ("restart_lost", "idle", "hung", "unexplained")
 
@@ -69,10 +71,24 @@ class Window:
                    samples=row["samples"], productive_s=row["productive_s"], stall_s=row["stall_s"],
                    unfinished_s=row["unfinished_s"], spans=js(row["spans"]), span_counts=js(row["span_counts"]),
                    step_time_p50_s=row["step_time_p50_s"], step_time_p95_s=row["step_time_p95_s"],
-                   step_hist=js(row["step_hist"]), last_step_ts=row["last_step_ts"],
+                   step_hist=_hist(js(row["step_hist"])), last_step_ts=row["last_step_ts"],
                    since_step_s=row["since_step_s"], open_span=row["open_span"], open_span_s=row["open_span_s"],
                    alive=bool(row["alive"]), ended=bool(row["ended"]), process_start=row["process_start"],
                    flops_per_step=row["flops_per_step"], params=row["params"], dropped=row["dropped"])
+
+
+def _hist(h: dict[str, Any]) -> dict[str, int]:
+    """The histogram's buckets a reader can use: a row stored before the intake bounded them
+    (or written by another path) may hold a bucket past any float (1.1^8000) or no number."""
+    out: dict[str, int] = {}
+    for k, v in h.items():
+        try:
+            b = int(k)
+        except (TypeError, ValueError):
+            continue
+        if HIST_MIN_BUCKET <= b <= HIST_MAX_BUCKET and isinstance(v, int) and v > 0:
+            out[str(b)] = v
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -380,13 +380,13 @@ def test_sections_take_the_fast_path_and_are_checked_exactly_as_on_the_generic_p
 
 
 def test_section_checks_run_once_on_each_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """check_fabric runs in check_batch, once, whichever decoder produced the batch (the
-    decoders run none of it; the progress bounds are the protocol struct's, run by the decode)."""
+    """The intake schema's screen runs in check_batch, once, whichever decoder produced the
+    batch (the decoders check only the sections' types)."""
     from gpufleet.collector import validate
 
     calls: list[str] = []
-    real = validate.check_fabric
-    monkeypatch.setattr(validate, "check_fabric", lambda batch: (calls.append("fabric"), real(batch))[1])
+    real = validate.intake_schema.screen
+    monkeypatch.setattr(validate.intake_schema, "screen", lambda batch: (calls.append("fabric"), real(batch))[1])
     now = time.time()
     body, _ = protocol.encode(_with_sections(make_batch("pk-once", start=now - 60)), compress=None)
     for fast in (True, False):
