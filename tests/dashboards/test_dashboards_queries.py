@@ -1,11 +1,12 @@
 """Every dashboard query, expanded as Grafana would (variables, then macros), run on a real
 PostgreSQL holding a simulated day of a 128-GPU fleet, as Grafana's read-only role: each returns
-rows with the expected columns in under 200 ms."""
+rows with the expected columns. How fast they answer is measured by bench/dashboards/query_times.py
+(which runs this module with GPUFLEET_QUERY_RUNS=3 and reads the times it records), not asserted."""
 
 from __future__ import annotations
 
+import os
 import re
-import statistics
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,8 +16,8 @@ import pytest
 from .conftest import DASHBOARDS  # noqa: F401  (puts the generator package on sys.path)
 from .grafana_sql import TimeRange, auto_interval, render
 
-BUDGET_S = 0.200
-RUNS = 3
+# Each query runs once in the suite; bench/dashboards/query_times.py asks for more runs.
+RUNS = int(os.environ.get("GPUFLEET_QUERY_RUNS", "1"))
 
 
 def _specs() -> list[Any]:
@@ -98,7 +99,7 @@ def resolved(sim_fleet: tuple[str, Any], grafana_conn: Any) -> dict[str, Any]:
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("spec", SPECS, ids=[f"{s.dashboard}/{s.where}/{s.ref_id}" for s in SPECS])
-def test_query_returns_expected_columns_fast(spec: Any, resolved: dict[str, Any], grafana_conn: Any,
+def test_query_returns_expected_columns(spec: Any, resolved: dict[str, Any], grafana_conn: Any,
                                              record_property: Any) -> None:
     rng, interval, values, multi = resolved[spec.dashboard]
     if spec.where.startswith("var:"):
@@ -111,8 +112,6 @@ def test_query_returns_expected_columns_fast(spec: Any, resolved: dict[str, Any]
     record_property("ms", [round(t * 1000, 1) for t in times])
     assert cols == list(spec.query.columns), f"columns differ for:\n{sql}"
     assert rows, f"no rows from:\n{sql}"
-    median = statistics.median(times)
-    assert median < BUDGET_S, f"{median * 1000:.0f} ms (runs: {[round(t * 1000) for t in times]}) for:\n{sql}"
     if spec.query.format == "time_series":
         stamps = [r[0] for r in rows]
         assert stamps == sorted(stamps), "time series rows must be sorted by time"
