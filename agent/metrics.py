@@ -118,6 +118,9 @@ class AgentMetrics:
                                      ["reason"], registry=r)
         self.dead_letters = Counter("gpufleet_agent_batches_dead_lettered",
                                     "Batches the collector rejected for good (in the dead-letter dir).", registry=r)
+        self.refused_records = Counter("gpufleet_agent_records_refused", "Side records (progress, collectives, "
+                                       "nics, gpu_nics) the collector refused alone, kept in the dead-letter dir; "
+                                       "the rest of their batch was stored.", ["section"], registry=r)
         self.dropped_batches = Counter("gpufleet_agent_batches_dropped", "Batches dropped because the spool was full.",
                                        registry=r)
         self.dropped_rows = Counter("gpufleet_agent_rows_dropped", "Rows dropped because the spool was full.",
@@ -161,6 +164,9 @@ class AgentMetrics:
 
     def dead_lettered(self, rows: int) -> None:
         self.dead_letters.inc()
+
+    def refused(self, section: str, n: int) -> None:
+        self.refused_records.labels(section).inc(n)
 
     def dropped(self, batches: int, rows: int) -> None:
         self.dropped_batches.inc(batches)

@@ -1,11 +1,16 @@
 """Deliver spooled batches to the collector, oldest first, with the retry policy of the
 ingest contract:
 
-* 200                     stored (or a duplicate): forget the batch
-* 400/413/415/422         permanent: dead-letter it with the server's reason, move on
-* 401/403, 409            configuration error (token; node name clash): log loudly, keep
-                          the batch, retry with backoff
-* 429/503 + Retry-After   wait as told (capped), then retry the same batch
+* 200                     stored (or a duplicate): forget the batch; side records the
+                          collector refused alone (``refused``) go to the dead-letter dir's
+                          refused.jsonl and are counted (gpufleet_agent_records_refused)
+* 401/403, 404/405, 409  configuration error (token; URL; node name clash): log loudly, keep
+                          the batch, retry with backoff (the batch is fine; the setup is not)
+* 429 (+ Retry-After)     wait as told (capped), then retry the same batch
+* any other 4xx           permanent: dead-letter it with the server's reason, move on (a 4xx
+                          says the batch itself can never be stored: retrying it would block
+                          every batch behind it)
+* 503 (+ Retry-After)     wait as told (capped), then retry the same batch
 * other 5xx, no answer    exponential backoff with full jitter, then retry the same batch
 """
 
@@ -25,8 +30,8 @@ from .spool import Spool, SpoolItem
 
 log = logging.getLogger(__name__)
 
-PERMANENT = frozenset({400, 413, 415, 422})
-AUTH = frozenset({401, 403, 409})  # 409: another node reports our GPUs (a config error too)
+PERMANENT = frozenset({400, 413, 415, 422})  # the usual ones; every 4xx not below is permanent too
+AUTH = frozenset({401, 403, 404, 405, 409})  # 409: another node reports our GPUs; 404/405: wrong --url (config errors)
 THROTTLE = frozenset({429, 503})
 CLOCK_SKEW_WARN_S = 60.0
 
@@ -47,6 +52,7 @@ class Result:
     retry_after: float | None = None
     stored: int = 0
     duplicate: bool = False
+    refused: list[dict[str, object]] | None = None  # side records refused alone (partial acceptance)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
@@ -142,16 +148,33 @@ class Sender:
                 ans = resp.json()
             except ValueError:
                 ans = {}
+            if not isinstance(ans, dict):
+                ans = {}
+            refused = ans.get("refused")
             return Result(Outcome.SENT, status, stored=int(ans.get("stored", 0) or 0),
-                          duplicate=bool(ans.get("duplicate", False)))
-        if status in PERMANENT:
-            return Result(Outcome.DEAD, status, _detail(resp))
+                          duplicate=bool(ans.get("duplicate", False)),
+                          refused=[r for r in refused if isinstance(r, dict)] if isinstance(refused, list) else None)
         if status in AUTH:
             return Result(Outcome.AUTH, status, _detail(resp))
         if status in THROTTLE:
             return Result(Outcome.THROTTLED, status, _detail(resp),
                           retry_after=parse_retry_after(resp.headers.get("Retry-After"), time.time()))
+        if status in PERMANENT or 400 <= status < 500:
+            return Result(Outcome.DEAD, status, _detail(resp))
         return Result(Outcome.FAILED, status, _detail(resp))
+
+    def _keep_refused(self, item: SpoolItem, refused: list[dict[str, object]]) -> None:
+        target = self.spool.dead_letter_records(item, refused)
+        first = refused[0].get("detail")
+        log.error("collector stored batch %s but refused %d side record(s) for good (first: %s): kept in %s",
+                  item.path.name, len(refused), first, target)
+        m = self.metrics
+        if m and hasattr(m, "refused"):
+            by: dict[str, int] = {}
+            for r in refused:
+                by[str(r.get("part"))] = by.get(str(r.get("part")), 0) + 1
+            for section, n in by.items():
+                m.refused(section, n)
 
     def _check_clock(self, date: str | None) -> None:
         """The collector refuses samples too far in the future or past: a skewed node clock
@@ -180,6 +203,8 @@ class Sender:
         if m:
             m.skew(self.clock_skew_s)  # type: ignore[attr-defined]
         if r.outcome is Outcome.SENT:
+            if r.refused:
+                self._keep_refused(item, r.refused)
             self.spool.ack(item)
             self.backoff.reset()
             if self._down_since is not None:

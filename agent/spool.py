@@ -299,6 +299,45 @@ class Spool:
                 log.error("could not keep dead letter %s under %s (%s)", target.name, self.dead_dir, e)
         return target
 
+    def dead_letter_records(self, item: SpoolItem, refused: list[dict[str, object]]) -> Path:
+        """Keep the side records the collector refused alone (the rest of the batch was stored):
+        one JSON line each in ``refused.jsonl`` with the collector's reason and, when the batch
+        can still be read, the record itself. The batch leaves the spool as acknowledged."""
+        import msgspec
+
+        from gpufleet import protocol  # the agent's own dependency (msgspec only)
+
+        records: dict[tuple[str, int], object] = {}
+        try:
+            header, body = item.read()
+            hdrs = header.get("headers")
+            hdrs = hdrs if isinstance(hdrs, dict) else {}
+            raw = protocol.decompress(body, hdrs.get("Content-Encoding"), max_size=1 << 30)
+            batch = protocol.decode(raw, hdrs.get("Content-Type"))
+            for r in refused:
+                part, row = r.get("part"), r.get("row")
+                if isinstance(part, str) and isinstance(row, int) and part in protocol.Batch.__struct_fields__:
+                    section = getattr(batch, part)
+                    if isinstance(section, list) and 0 <= row < len(section):
+                        records[(part, row)] = msgspec.to_builtins(section[row])
+        except (OSError, ValueError, KeyError):
+            header = {}
+        target = self.dead_dir / "refused.jsonl"
+        try:
+            self.dead_dir.mkdir(exist_ok=True)
+            with self._lock, open(target, "a") as f:
+                for r in refused:
+                    rec = records.get((str(r.get("part")), r.get("row")))  # type: ignore[arg-type]
+                    f.write(json.dumps({"key": header.get("key"), **r, "record": rec, "at": time.time()},
+                                       default=repr) + "\n")
+                if f.tell() > max(1 << 20, self.max_bytes // 8):
+                    f.close()
+                    lines = target.read_bytes().splitlines(keepends=True)
+                    target.write_bytes(b"".join(lines[len(lines) // 2:]))
+        except OSError as e:
+            log.error("could not keep %d refused records under %s (%s)", len(refused), self.dead_dir, e)
+        return target
+
     def _trim_dead(self) -> None:
         """Dead letters are for a person to look at, not to keep forever: a quarter of the spool
         bound for batches (oldest go first), and the reasons log cut to its newest half at 1 MiB."""

@@ -121,3 +121,62 @@ def test_a_stored_out_of_range_histogram_never_breaks_the_readers(database_url: 
             r = c.get(path)
             assert r.status_code < 500, (path, r.status_code, r.text[:500])
     engine.dispose()
+
+
+def test_the_agent_keeps_only_the_refused_records_and_its_gpu_rows_flow(
+        database_url: str, live_server: Any, tmp_path: Any) -> None:
+    """Finding 1 from the agent's side: a node whose trainer reported loss=nan (and a rank past
+    int4) kept answering 500 and retrying forever; its GPU rows stopped. Now the batch is
+    acknowledged, the next one goes through, the refused windows alone are kept (refused.jsonl)
+    and counted on the agent's /metrics."""
+    from prometheus_client import generate_latest
+
+    from gpufleet.agent.metrics import AgentMetrics
+    from gpufleet.agent.sender import Outcome, Sender
+    from gpufleet.agent.spool import Spool
+
+    srv = live_server(database_url)
+    engine = make_engine(database_url)
+    spool = Spool(tmp_path / "spool", 10**8, fsync=False)
+    bad = [window(rank=2**31), window(rank=3, events=[{"ts": 1.0, "name": "e", "fields": {"loss": float("nan")}}])]
+    for seq in range(3):
+        b = with_side(seq, progress=[window(rank=seq), *bad] if seq == 0 else [window(rank=seq)])
+        body, headers = protocol.encode(b)
+        spool.put(body, headers, b.idempotency_key, rows=b.n_rows())
+    metrics = AgentMetrics("node-f")
+    sender = Sender(spool, srv.url, token=None, metrics=metrics)
+    outcomes = [sender.send_one() for _ in range(4)]
+    assert [o[0].outcome for o in outcomes[:3] if o] == [Outcome.SENT] * 3 and outcomes[3] is None
+    assert len(spool) == 0
+    assert scalar(engine, "select count(*) from job_progress") == 3
+    lines = (tmp_path / "spool" / "dead" / "refused.jsonl").read_text().splitlines()
+    import json
+
+    kept = [json.loads(x) for x in lines]
+    assert [(k["part"], k["row"], k["field"]) for k in kept] == [("progress", 1, "rank"), ("progress", 2, "events")]
+    assert kept[0]["record"]["rank"] == 2**31 and kept[0]["key"] == "boot-f:0"
+    text_metrics = generate_latest(metrics.registry).decode()
+    assert 'gpufleet_agent_records_refused_total{section="progress"} 2.0' in text_metrics
+    sender.close()
+    engine.dispose()
+
+
+@pytest.mark.parametrize("status", [404, 405, 408, 410, 411, 418, 451])
+def test_the_agent_never_retries_a_batch_the_collector_refused(tmp_path: Any, status: int) -> None:
+    """A 4xx is the batch's fault (or the setup's: 401/403/404/405/409 keep it and say so); any
+    other 4xx used to be retried with backoff forever, blocking every batch behind it."""
+    import httpx as hx
+
+    from gpufleet.agent.sender import Outcome, Sender
+    from gpufleet.agent.spool import Spool
+
+    def handler(request: hx.Request) -> hx.Response:
+        return hx.Response(status, json={"detail": "no"})
+
+    spool = Spool(tmp_path / "spool", 10**7, fsync=False)
+    spool.put(b"x", {"Content-Type": "application/msgpack"}, "k:0", rows=1)
+    sender = Sender(spool, "http://collector", token=None, client=hx.Client(transport=hx.MockTransport(handler)))
+    r, _ = sender.send_one()  # type: ignore[misc]
+    expected = Outcome.AUTH if status in (404, 405) else Outcome.DEAD
+    assert r.outcome is expected
+    assert len(spool) == (1 if expected is Outcome.AUTH else 0)
