@@ -219,3 +219,21 @@ def fold(deltas: Iterable[Mapping[str, Value]], registry: ServingRegistry | None
     for name, values in gauges.items():
         out[name] = sum(values) / len(values)
     return out
+
+
+def minutes_of(scrapes: Iterable[tuple[float, Mapping[str, Value]]],
+               registry: ServingRegistry | None = None) -> dict[int, Snapshot]:
+    """Per-minute measures of one replica from its time-ordered snapshots (epoch seconds).
+
+    Each scrape-to-scrape delta belongs to the minute in which its interval starts; the first
+    scrape gives only gauges. Keys are the minutes' start times (epoch seconds, multiples of 60)."""
+    reg = registry or serving_registry()
+    parts: dict[int, list[Snapshot]] = {}
+    prev: Mapping[str, Value] | None = None
+    prev_t: float | None = None
+    for t, snap in scrapes:
+        d = delta(prev, snap, reg)
+        start = t if prev_t is None else prev_t
+        parts.setdefault(int(start // 60) * 60, []).append(d)
+        prev, prev_t = snap, t
+    return {m: fold(ds, reg) for m, ds in sorted(parts.items())}
