@@ -11,8 +11,8 @@ import sys
 
 from gpufleet import __version__
 
-COMMANDS = ["up", "serve", "agent", "migrate", "analyze", "import_", "token", "worker", "beat", "alerts", "grafana",
-            "config"]
+COMMANDS = ["up", "serve", "agent", "migrate", "analyze", "import_", "token", "gpu", "worker", "beat", "alerts",
+            "grafana", "config"]
 
 
 def missing_module_hint(e: ModuleNotFoundError, command: str) -> str:

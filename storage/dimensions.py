@@ -16,6 +16,7 @@ from gpufleet.storage.dialect import is_postgres
 from gpufleet.storage.errors import WriteRefused
 from gpufleet.storage.models import Cluster, Gpu, Job, Node
 from gpufleet.storage.prepared import Prepared
+from gpufleet.storage.scope import other_cluster
 from gpufleet.storage.write_cache import GPU_MOVE_AFTER_S, GPU_SEEN_EVERY_S, NODE_SEEN_EVERY_S, WriteCache
 
 
@@ -69,11 +70,18 @@ def _upsert_gpus(conn: Connection, per_node: dict[int, dict[str, Any]], now: flo
     todo.sort(key=lambda r: r["uuid"])
     uuids = [r["uuid"] for r in todo]
     existing = {r.uuid: r for r in conn.execute(
-        select(t.c.uuid, t.c.node_id, Node.last_seen, Node.name).join(Node, Node.id == t.c.node_id)
+        select(t.c.uuid, t.c.node_id, Node.last_seen, Node.name, Node.cluster_id).join(Node, Node.id == t.c.node_id)
         .where(t.c.uuid.in_(uuids)))}
+    moving = {r["node_id"] for r in todo if (e := existing.get(r["uuid"])) is not None and e.node_id != r["node_id"]}
+    cluster_of = dict(conn.execute(select(Node.id, Node.cluster_id).where(Node.id.in_(sorted(moving))))
+                      .tuples().all()) if moving else {}
     for r in todo:
         e = existing.get(r["uuid"])
         moved = e is not None and e.node_id != r["node_id"]
+        if e is not None and moved and cluster_of.get(r["node_id"]) != e.cluster_id:
+            # Never by silence: only an admin moves a GPU to another cluster (storage.scope.move_gpu).
+            raise WriteRefused("not_permitted", other_cluster(r["uuid"]), index=batch_of_node.get(r["node_id"]),
+                               part="gpus")
         if e is not None and moved and e.last_seen is not None and now - e.last_seen < GPU_MOVE_AFTER_S:
             raise WriteRefused("conflict", f"uuid {r['uuid']!r} is being reported by node {e.name!r}",
                                index=batch_of_node.get(r["node_id"]), part="gpus")

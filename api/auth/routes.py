@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from gpufleet.storage import sessions
 from gpufleet.storage.tokens import role_at_least
 
+from .gpus import router as gpus_router
 from .identity import CSRF_COOKIE, SESSION_COOKIE
 from .middleware import IDENTITY, SESSION, SSO, web_auth_config
 from .redirects import safe_next
@@ -28,6 +29,7 @@ from .tokens import router as tokens_router
 
 router = APIRouter(tags=["auth"])
 router.include_router(tokens_router)  # /api/v1/tokens (admin)
+router.include_router(gpus_router)  # /api/v1/gpus/{uuid}/move (admin)
 STATIC = Path(__file__).resolve().parents[1] / "static" / "auth"
 FILES = {"signin.js": "text/javascript", "session.js": "text/javascript", "silences.js": "text/javascript",
          "tokens.js": "text/javascript"}
