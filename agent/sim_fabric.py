@@ -8,7 +8,9 @@ writes those files, so the demo's collectives and NIC counters travel the agent'
 Per node: ``<nccl_root>/nccl-inspector-<job>/<node>-pid<pid>.log`` for each rank of an NCCL job
 (Profile.nccl) running there, in the Inspector's v4.0 JSON lines (one line per collective and
 rank, written at the dump after it ends); and ``<sys_root>/class/infiniband/mlx5_<g>/ports/1/``
-with rate, state and the counters NicHealthSampler reads, one HCA per GPU (rail g = GPU g).
+with rate, state and the counters NicHealthSampler reads, one HCA per GPU (rail g = GPU g), each
+under its GPU's PCIe switch (``<sys_root>/devices/pci...``, linked from the HCA's ``device`` and
+from ``bus/pci/devices/<GPU address>``), so the agent maps every NIC to its own GPU.
 
 The collective model: every step runs one gradient AllReduce over all ranks (a ring over one
 channel per rail, so the slowest link paces it) and one tensor-parallel AllGather inside each
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .sim_faults import FabricFault, fabric_fault
-from .simulator import SimJob, SimulatedFleet
+from .simulator import MAX_PCI_GPUS, SimJob, SimulatedFleet, gpu_pci_bus_id, pci_device_path
 from .sources.base import GpuReading
 
 MIB = 1 << 20
@@ -123,6 +125,24 @@ class NodeFabric:
             self._put(port, p / "link_layer", "InfiniBand\n")
             self._put(port, p / "state", "4: ACTIVE\n")
             self._put(port, p / "phys_state", "5: LinkUp\n")
+            self._pci_topology(g)
+
+    def _pci_topology(self, g: int) -> None:
+        """GPU g and its rail's HCA (mlx5_g) under one PCIe switch, as the agent's InfiniBand
+        sampler reads them (class/infiniband/<hca>/device, bus/pci/devices/<GPU address>): each
+        NIC then carries its own GPU's traffic, not the node's total on every GPU."""
+        if g >= MAX_PCI_GPUS:
+            return
+        devices = self.sys_root / "devices"
+        numa = "0\n" if g < 4 else "1\n"
+        for nic, link in ((False, self.sys_root / "bus" / "pci" / "devices" / gpu_pci_bus_id(g)),
+                          (True, self.sys_root / "class" / "infiniband" / f"mlx5_{g}" / "device")):
+            d = devices / pci_device_path(g, nic=nic)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "numa_node").write_text(numa)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(os.path.relpath(d, link.parent))
 
     # --- NCCL Inspector --------------------------------------------------------------------
 

@@ -112,10 +112,44 @@ def _drift(ctx: GpuContext) -> float:
     return 1.0 + sum(a * math.sin(2 * math.pi * ctx.t / p + ph) for a, p, ph in d)
 
 
+# --- physics ---------------------------------------------------------------------------------
+# The relations the engine relies on, checked against captured nvidia-smi / dcgm-exporter output
+# (tests/agent/test_sim_physics.py): an idle GPU draws ~10% of its limit at a low clock with the
+# idle reason set; board power follows what the SMs, tensor pipes and DRAM do and the clock they
+# run at; a software power cap holds the board at its limit; thermal slowdown happens only above
+# the slowdown temperature; GPUDirect RDMA moves every InfiniBand byte over the GPU's PCIe link.
+IDLE_W = 70.0  # H100 SXM idle board power (a P0 GPU with nothing running)
+POWER_LIMIT_W = 700.0  # H100 SXM default enforced limit
+DYN_W = 865.0  # dynamic power at full activity of every unit and full clock (~650 W for LLM training)
+THERMAL_SLOWDOWN_C = 87.0  # H100 SXM slowdown temperature; unthrottled GPUs stay below it
+THERMAL_BITS = 0x20 | 0x40  # SW / HW thermal slowdown
+SW_POWER_CAP = 0x4
+HW_SLOWDOWN = 0x8
+PCIE_HEADERS = 1.03  # PCIe counters include TLP headers: a little more than the payload crossing
+
+
+def busy_power_w(sm: float, tensor: float, dram: float, clock_mhz: float) -> float:
+    """Board power of a busy GPU: idle + dynamic power weighted by what is active, scaled by
+    (clock/max)^2 (voltage follows frequency), never above the limit."""
+    act = 0.45 * sm + 0.35 * tensor + 0.2 * dram
+    return min(POWER_LIMIT_W, IDLE_W + DYN_W * act * (clock_mhz / MAX_SM_CLOCK) ** 2)
+
+
+def die_temp_c(power_w: float) -> float:
+    """Die temperature of a well-cooled GPU at ``power_w``: ~33 C idle, ~80 C at the limit (below
+    the slowdown temperature: only a throttled GPU, with its reason set, runs hotter)."""
+    return 28.0 + 0.075 * power_w
+
+
 def _base(ctx: GpuContext, *, sm: float, occ: float, tensor: float, dram: float, fb_gib: float,
-          power: float, fp32: float = 0.05, fp16: float = 0.02, fp64: float = 0.0,
+          power: float = IDLE_W, fp32: float = 0.05, fp16: float = 0.02, fp64: float = 0.0,
           pcie_rx: float = 2e8, pcie_tx: float = 5e7, nvlink: float = 0.0, ib: float = 0.0,
-          clock: float = MAX_SM_CLOCK, reasons: int = 0, sd: float = 0.03) -> dict[str, float]:
+          clock: float = MAX_SM_CLOCK, reasons: int = 0, sd: float = 0.03,
+          temp: float | None = None) -> dict[str, float]:
+    """One GPU's sample. ``power`` is the draw while not busy (idle); a busy GPU's power follows
+    its activity and clock (busy_power_w). ``temp`` overrides the die temperature (a thermally
+    throttled GPU: above THERMAL_SLOWDOWN_C). The noise draws come in a fixed order, so a profile's
+    samples are the same for one seed whatever the physics does with them."""
     r = ctx.rng
     g = r.gauss
     sm_off, clk_off = _gpu_offset(ctx)
@@ -123,38 +157,58 @@ def _base(ctx: GpuContext, *, sm: float, occ: float, tensor: float, dram: float,
         sm = sm * _drift(ctx) + sm_off
     sm_v = min(1.0, max(0.0, g(sm, sd)))
     busy = sm_v > 0.02
-    scale = sm_v / sm if sm > 0.02 else 0.0  # secondary pipes follow the SM activity's noise
-    return {
-        "gr_engine_active": min(1.0, sm_v * 1.02),
-        "sm_active": sm_v,
-        "sm_occupancy": min(1.0, max(0.0, occ * scale + g(0, 0.01))),
-        "tensor_active": min(1.0, max(0.0, tensor * scale + g(0, 0.006))),
-        "dram_active": min(1.0, max(0.0, dram * scale + g(0, 0.02))),
-        "fp64_active": max(0.0, fp64 * scale + g(0, 0.002)),
-        "fp32_active": min(1.0, max(0.0, fp32 * scale + g(0, 0.01))),
-        "fp16_active": min(1.0, max(0.0, fp16 * scale + g(0, 0.004))),
-        "gpu_util": 1.0 if busy else 0.0,
-        "mem_copy_util": min(1.0, max(0.0, dram * 0.8 * scale + g(0, 0.02))),
-        "fb_used_bytes": max(0.0, fb_gib * GIB + r.uniform(-0.2, 0.2) * GIB),
-        "fb_total_bytes": float(H100_MEM),
-        "power_w": min(700.0, max(50.0, g(power * (0.4 + 0.6 * scale) if busy else power, 8.0))),
-        "temp_c": min(95.0, max(20.0, g(35 + power / 14, 1.0))),
-        "sm_clock_mhz": min(MAX_SM_CLOCK, clock + clk_off) if busy else IDLE_SM_CLOCK,
-        "mem_clock_mhz": MEM_CLOCK,
-        "clock_event_reasons": float(reasons if busy else 0x1),
-        "pcie_tx_bytes_s": max(0.0, g(pcie_tx, pcie_tx * 0.1 + 1)),
-        "pcie_rx_bytes_s": max(0.0, g(pcie_rx, pcie_rx * 0.1 + 1)),
-        "nvlink_tx_bytes_s": max(0.0, g(nvlink, nvlink * 0.05 + 1)),
-        "nvlink_rx_bytes_s": max(0.0, g(nvlink, nvlink * 0.05 + 1)),
-        "ib_tx_bytes_s": max(0.0, g(ib, ib * 0.05 + 1)),
-        "ib_rx_bytes_s": max(0.0, g(ib, ib * 0.05 + 1)),
-        "xid_last": 0.0,
-        "ecc_dbe_volatile": 0.0,
-        "ecc_sbe_volatile": 0.0,
-        "row_remap_failure": 0.0,
-        "nvlink_error_count": 0.0,
-        "pcie_replay_count": 0.0,
-    }
+    # Secondary pipes follow the SM activity's noise, within reason: at a checkpoint's 3% the
+    # noise alone would otherwise double the DRAM traffic.
+    scale = min(1.25, sm_v / sm) if sm > 0.02 else 0.0
+    clk = min(MAX_SM_CLOCK, clock + clk_off) if busy else IDLE_SM_CLOCK
+    d: dict[str, float] = {"gr_engine_active": min(1.0, sm_v * 1.02), "sm_active": sm_v}
+    d["sm_occupancy"] = min(1.0, max(0.0, occ * scale + g(0, 0.01)))
+    # The tensor pipes run inside active SMs: never more active than the SMs (a checkpoint's dip
+    # takes the tensor work down with it).
+    d["tensor_active"] = min(sm_v, max(0.0, tensor * scale + g(0, 0.006)))
+    d["dram_active"] = min(1.0, max(0.0, dram * scale + g(0, 0.02)))
+    d["fp64_active"] = max(0.0, fp64 * scale + g(0, 0.002))
+    d["fp32_active"] = min(1.0, max(0.0, fp32 * scale + g(0, 0.01)))
+    d["fp16_active"] = min(1.0, max(0.0, fp16 * scale + g(0, 0.004)))
+    d["gpu_util"] = 1.0 if busy else 0.0
+    d["mem_copy_util"] = min(1.0, max(0.0, dram * 0.8 * scale + g(0, 0.02)))
+    d["fb_used_bytes"] = max(0.0, fb_gib * GIB + r.uniform(-0.2, 0.2) * GIB)
+    d["fb_total_bytes"] = float(H100_MEM)
+    reasons = reasons if busy else 0x1
+    if reasons & SW_POWER_CAP and not reasons & 0x80 and sm_v < 0.5:
+        # A light phase (checkpoint, evaluation) draws well under the cap: it does not bind, so
+        # the clock goes back up and the reason clears.
+        reasons &= ~SW_POWER_CAP
+        clk = min(MAX_SM_CLOCK, MAX_SM_CLOCK + clk_off)
+    if not busy:
+        watts = power
+    elif reasons & SW_POWER_CAP and not reasons & 0x80:
+        watts = POWER_LIMIT_W - 6.0  # the cap binds: the board sits at its limit (the clock gave way)
+    # (a power brake lowers the limit itself: the board draws what its braked clock allows)
+    else:
+        watts = busy_power_w(sm_v, d["tensor_active"], d["dram_active"], clk)
+    sd_w = 3.0 if busy and reasons & SW_POWER_CAP and not reasons & 0x80 else 8.0  # the cap's controller holds it tight
+    d["power_w"] = min(POWER_LIMIT_W, max(50.0, g(watts, sd_w)))
+    hot = temp is not None and busy
+    d["temp_c"] = min(95.0, max(20.0, g(temp if hot and temp is not None else die_temp_c(d["power_w"]), 1.0)))
+    # Only a thermally throttled GPU is at or above the slowdown temperature.
+    d["temp_c"] = max(d["temp_c"], THERMAL_SLOWDOWN_C) if hot else min(d["temp_c"], THERMAL_SLOWDOWN_C - 1.0)
+    d["sm_clock_mhz"] = clk
+    d["mem_clock_mhz"] = MEM_CLOCK
+    d["clock_event_reasons"] = float(reasons)
+    d["pcie_tx_bytes_s"] = max(0.0, g(pcie_tx, pcie_tx * 0.1 + 1))
+    d["pcie_rx_bytes_s"] = max(0.0, g(pcie_rx, pcie_rx * 0.1 + 1))
+    d["nvlink_tx_bytes_s"] = max(0.0, g(nvlink, nvlink * 0.05 + 1))
+    d["nvlink_rx_bytes_s"] = max(0.0, g(nvlink, nvlink * 0.05 + 1))
+    d["ib_tx_bytes_s"] = max(0.0, g(ib, ib * 0.05 + 1))
+    d["ib_rx_bytes_s"] = max(0.0, g(ib, ib * 0.05 + 1))
+    # GPUDirect RDMA: the GPU's NIC (its rail, under the same PCIe switch) reads what it sends
+    # from GPU memory and writes what it receives there, so both cross the GPU's PCIe link.
+    d["pcie_tx_bytes_s"] += d["ib_tx_bytes_s"] * PCIE_HEADERS
+    d["pcie_rx_bytes_s"] += d["ib_rx_bytes_s"] * PCIE_HEADERS
+    d.update(xid_last=0.0, ecc_dbe_volatile=0.0, ecc_sbe_volatile=0.0, row_remap_failure=0.0,
+             nvlink_error_count=0.0, pcie_replay_count=0.0)
+    return d
 
 
 def _background(ctx: GpuContext, d: dict[str, float], p: dict[str, Any]) -> dict[str, float]:
@@ -223,7 +277,7 @@ def llm_pretrain(ctx: GpuContext) -> dict[str, float]:
     ck, sk = _slow_node(ctx, p)
     k = _step_dip(ctx, p) * sk
     d = _base(ctx, sm=p["sm"] * k, occ=p["occ"], tensor=p["tensor"], dram=p["dram"], fb_gib=p["fb"],
-              power=p["power"], nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0, ib=p["ib"] if ctx.n_nodes > 1 else 0.0,
+              nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0, ib=p["ib"] if ctx.n_nodes > 1 else 0.0,
               fp16=0.05, clock=p["clock"] * ck, reasons=p["reasons"])
     return _background(ctx, d, p)
 
@@ -242,7 +296,7 @@ def vision_train(ctx: GpuContext) -> dict[str, float]:
     k = _step_dip(ctx, p) * _busy_overlap(ctx.t, ctx.interval_s, p["hiccup_every"],
                                           p["hiccup_every"] - p["hiccup_len"], 0.0)
     d = _base(ctx, sm=max(0.02, p["sm"] * k), occ=p["occ"], tensor=p["tensor"], dram=p["dram"], fb_gib=p["fb"],
-              power=p["power"], pcie_rx=3e9, nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0)
+              pcie_rx=3e9, nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0)
     return _background(ctx, d, p)
 
 
@@ -256,7 +310,7 @@ def batch_inference(ctx: GpuContext) -> dict[str, float]:
     # Offline batch inference: steady, memory-bandwidth heavy, load drifts slowly.
     p = _params("batch_inference", ctx, _draw_infer)
     sm = p["sm"] + p["amp"] * math.sin(2 * math.pi * ctx.t / p["wave"])
-    d = _base(ctx, sm=sm, occ=p["occ"], tensor=p["tensor"], dram=p["dram"], fb_gib=p["fb"], power=p["power"],
+    d = _base(ctx, sm=sm, occ=p["occ"], tensor=p["tensor"], dram=p["dram"], fb_gib=p["fb"],
               pcie_rx=1.5e9, pcie_tx=1.5e9)
     return _background(ctx, d, p)
 
@@ -274,7 +328,7 @@ def multinode_dp(ctx: GpuContext) -> dict[str, float]:
     p = _params("multinode_dp", ctx, _draw_dp)
     ck, sk = _slow_node(ctx, p)
     d = _base(ctx, sm=p["sm"] * _step_dip(ctx, p) * sk, occ=p["occ"], tensor=p["tensor"], dram=p["dram"],
-              fb_gib=p["fb"], power=p["power"], nvlink=p["nvl"], ib=p["ib"] if ctx.n_nodes > 1 else 0.0,
+              fb_gib=p["fb"], nvlink=p["nvl"], ib=p["ib"] if ctx.n_nodes > 1 else 0.0,
               clock=MAX_SM_CLOCK * ck)
     return _background(ctx, d, p)
 
@@ -287,7 +341,7 @@ def _draw_hpc(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
 def hpc_fp64(ctx: GpuContext) -> dict[str, float]:
     # An FP64 stencil code: no tensor cores, and rightly so (no_tensor_cores must not fire).
     p = _params("hpc_fp64", ctx, _draw_hpc)
-    d = _base(ctx, sm=p["sm"], occ=0.4, tensor=0.0, dram=p["dram"], fb_gib=p["fb"], power=p["power"],
+    d = _base(ctx, sm=p["sm"], occ=0.4, tensor=0.0, dram=p["dram"], fb_gib=p["fb"],
               fp64=p["fp64"], fp32=0.1)
     return _background(ctx, d, p)
 
@@ -303,7 +357,7 @@ def _draw_idle(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
 def _idle_values(ctx: GpuContext, fb_gib: float, power: float) -> dict[str, float]:
     d = _base(ctx, sm=0.0, occ=0.0, tensor=0.0, dram=0.0, fb_gib=fb_gib, power=power, fp32=0.0, fp16=0.0,
               pcie_rx=1e5, pcie_tx=1e5, sd=0.002)
-    d["sm_active"] = d["gr_engine_active"] = 0.0
+    d["sm_active"] = d["gr_engine_active"] = d["tensor_active"] = 0.0
     d["sm_clock_mhz"], d["clock_event_reasons"], d["gpu_util"] = IDLE_SM_CLOCK, 1.0, 0.0
     return d
 
@@ -324,8 +378,7 @@ def _draw_low(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
 def low_sm_activity(ctx: GpuContext) -> dict[str, float]:
     # gpu_util reads 100% (a small kernel is always running) while SMs are mostly empty.
     p = _params("low_sm_activity", ctx, _draw_low)
-    d = _base(ctx, sm=p["sm"], occ=p["occ"], tensor=p["tensor"], dram=p["sm"] * 0.5, fb_gib=p["fb"],
-              power=p["power"])
+    d = _base(ctx, sm=p["sm"], occ=p["occ"], tensor=p["tensor"], dram=p["sm"] * 0.5, fb_gib=p["fb"])
     d["gpu_util"] = 1.0
     return d
 
@@ -338,7 +391,7 @@ def _draw_notc(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
 def no_tensor_cores(ctx: GpuContext) -> dict[str, float]:
     # FP32 matmuls (no autocast, TF32 off): SMs busy, tensor pipes idle.
     p = _params("no_tensor_cores", ctx, _draw_notc)
-    return _base(ctx, sm=p["sm"], occ=0.5, tensor=p["tensor"], dram=0.4, fb_gib=p["fb"], power=p["power"],
+    return _base(ctx, sm=p["sm"], occ=0.5, tensor=p["tensor"], dram=0.4, fb_gib=p["fb"],
                  fp32=p["fp32"])
 
 
@@ -355,7 +408,7 @@ def input_stall(ctx: GpuContext) -> dict[str, float]:
     share = _busy_overlap(ctx.t, ctx.interval_s, p["period"], p["busy"], p["phase"])
     sm = 0.02 + (p["sm"] - 0.02) * share
     return _base(ctx, sm=sm, occ=0.5 * share, tensor=p["tensor"] * share, dram=0.5 * share + 0.01, fb_gib=p["fb"],
-                 power=110 + 490 * share, pcie_rx=2e8 + 6e9 * share)
+                 pcie_rx=2e8 + 6e9 * share)
 
 
 def _draw_comm(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
@@ -367,7 +420,7 @@ def _draw_comm(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
 def comm_bound(ctx: GpuContext) -> dict[str, float]:
     # Network saturated (IB across nodes, NVLink within one), SMs waiting on collectives.
     p = _params("comm_bound", ctx, _draw_comm)
-    return _base(ctx, sm=p["sm"], occ=0.15, tensor=p["tensor"], dram=0.2, fb_gib=p["fb"], power=150 + 400 * p["sm"],
+    return _base(ctx, sm=p["sm"], occ=0.15, tensor=p["tensor"], dram=0.2, fb_gib=p["fb"],
                  nvlink=p["nvl"], ib=p["ib"] if ctx.n_nodes > 1 else 0.0)
 
 
@@ -377,7 +430,8 @@ def _draw_strag(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
     speed = r.uniform(0.55, 0.9)  # the straggler's speed relative to its peers
     return {"node_level": node_level, "slow_node": r.randrange(max(1, ctx.n_nodes)),
             "slow_rank": r.randrange(ctx.n_gpus), "cause": cause, "speed": speed,
-            "sm": r.uniform(0.85, 0.97), "tensor": r.uniform(0.35, 0.6), "fb": r.uniform(50, 76)}
+            "sm": r.uniform(0.85, 0.97), "tensor": r.uniform(0.35, 0.6), "fb": r.uniform(50, 76),
+            "hot": r.uniform(THERMAL_SLOWDOWN_C + 1.0, THERMAL_SLOWDOWN_C + 5.0)}
 
 
 def straggler(ctx: GpuContext) -> dict[str, float]:
@@ -385,16 +439,16 @@ def straggler(ctx: GpuContext) -> dict[str, float]:
     p = _params("straggler", ctx, _draw_strag)
     slow = (ctx.node_rank == p["slow_node"]) if p["node_level"] else (ctx.rank == p["slow_rank"])
     if slow:
-        clock, reasons = MAX_SM_CLOCK, 0
-        if p["cause"] == "thermal":
-            clock, reasons = MAX_SM_CLOCK * p["speed"], 0x40 | 0x8
+        clock, reasons, temp = MAX_SM_CLOCK, 0, None
+        if p["cause"] == "thermal":  # hotter than its peers: that is why its clock is down
+            clock, reasons, temp = MAX_SM_CLOCK * p["speed"], 0x40 | 0x8, p["hot"]
         elif p["cause"] == "power_brake":
             clock, reasons = MAX_SM_CLOCK * p["speed"], 0x80 | 0x4
-        return _base(ctx, sm=p["sm"], occ=0.45, tensor=p["tensor"], dram=0.5, fb_gib=p["fb"], power=430,
-                     nvlink=6e10, ib=1.5e10 if ctx.n_nodes > 1 else 0.0, clock=clock, reasons=reasons)
+        return _base(ctx, sm=p["sm"], occ=0.45, tensor=p["tensor"], dram=0.5, fb_gib=p["fb"],
+                     nvlink=6e10, ib=1.5e10 if ctx.n_nodes > 1 else 0.0, clock=clock, reasons=reasons, temp=temp)
     k = p["speed"]
     return _base(ctx, sm=p["sm"] * k, occ=0.45 * k, tensor=p["tensor"] * k, dram=0.5 * k, fb_gib=p["fb"],
-                 power=200 + 400 * k, nvlink=6e10, ib=1.5e10 if ctx.n_nodes > 1 else 0.0)
+                 nvlink=6e10, ib=1.5e10 if ctx.n_nodes > 1 else 0.0)
 
 
 def _draw_mem(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
@@ -405,19 +459,23 @@ def memory_underuse(ctx: GpuContext) -> dict[str, float]:
     # A small model / small batch on an 80 GB GPU: a MIG slice would do.
     p = _params("memory_underuse", ctx, _draw_mem)
     return _base(ctx, sm=p["sm"], occ=0.05, tensor=p["sm"] * 0.3, dram=p["sm"] * 0.5, fb_gib=p["fb"],
-                 power=p["power"], sd=0.02)
+                 sd=0.02)
 
 
 def _draw_thr(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
+    # Thermal slowdown (and a bare HW slowdown, which the board's sensors assert) happens above the
+    # slowdown temperature: those GPUs run hotter than any unthrottled peer. A power brake lowers
+    # the board's limit: its GPUs draw what the braked clock allows, at normal temperatures.
     return {"clock": r.uniform(880, 1660), "reasons": r.choice([0x4 | 0x80, 0x40 | 0x8, 0x20, 0x8]),
-            "sm": r.uniform(0.8, 0.95), "tensor": r.uniform(0.3, 0.6), "fb": r.uniform(30, 76)}
+            "sm": r.uniform(0.8, 0.95), "tensor": r.uniform(0.3, 0.6), "fb": r.uniform(30, 76),
+            "hot": r.uniform(THERMAL_SLOWDOWN_C + 1.0, THERMAL_SLOWDOWN_C + 5.0)}
 
 
 def throttled(ctx: GpuContext) -> dict[str, float]:
     # Every GPU of the job held down (rack power brake, hot aisle, low power cap).
     p = _params("throttled", ctx, _draw_thr)
-    return _base(ctx, sm=p["sm"], occ=0.45, tensor=p["tensor"], dram=0.5, fb_gib=p["fb"], power=420,
-                 clock=p["clock"], reasons=p["reasons"])
+    return _base(ctx, sm=p["sm"], occ=0.45, tensor=p["tensor"], dram=0.5, fb_gib=p["fb"],
+                 clock=p["clock"], reasons=p["reasons"], temp=None if p["reasons"] & 0x80 else p["hot"])
 
 
 def _draw_over(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
@@ -457,8 +515,9 @@ def hw_fault(ctx: GpuContext) -> dict[str, float]:
 
 def _draw_hung(r: random.Random, ctx: GpuContext) -> dict[str, Any]:
     # NCCL's spinning kernel holds a few SMs of 132 (1-3%); a kernel spinning on a flag more.
-    return {"at": r.uniform(300, 1500), "spin_sm": r.choice([r.uniform(0.008, 0.03), r.uniform(0.03, 0.15)]),
-            "power": r.uniform(95, 150), **_draw_llm(r, ctx)}
+    at, spin = r.uniform(300, 1500), r.choice([r.uniform(0.008, 0.03), r.uniform(0.03, 0.15)])
+    r.uniform(95, 150)  # was a hung power the LLM draw overwrote (683 W at SM 13%); kept: the draws after it stay
+    return {**_draw_llm(r, ctx), "at": at, "spin_sm": spin}
 
 
 def hung(ctx: GpuContext) -> dict[str, float]:
@@ -468,12 +527,13 @@ def hung(ctx: GpuContext) -> dict[str, float]:
     p = _params("hung", ctx, _draw_hung)
     if ctx.t < p["at"]:
         return llm_pretrain(ctx)
-    d = _base(ctx, sm=p["spin_sm"], occ=0.02, tensor=0.0, dram=0.0, fb_gib=p["fb"], power=p["power"], fp32=0.0,
+    d = _base(ctx, sm=p["spin_sm"], occ=0.02, tensor=0.0, dram=0.0, fb_gib=p["fb"], fp32=0.0,
               fp16=0.0, pcie_rx=2e4, pcie_tx=2e4, sd=0.001)
     d["sm_active"] = d["gr_engine_active"] = max(0.004, p["spin_sm"] + ctx.rng.gauss(0, 0.001))
     d["tensor_active"] = d["dram_active"] = d["mem_copy_util"] = 0.0
     d["gpu_util"], d["sm_clock_mhz"], d["clock_event_reasons"] = 1.0, p["clock"], 0.0
-    d["power_w"] = p["power"] + ctx.rng.gauss(0, 1.5)
+    # The spin loop at full clock: a little above idle, flat (no tensor, DRAM or link work).
+    d["power_w"] = busy_power_w(d["sm_active"], 0.0, 0.0, p["clock"]) + ctx.rng.gauss(0, 1.5)
     return _background(ctx, d, p)
 
 
@@ -496,7 +556,7 @@ def pipeline_imbalance(ctx: GpuContext) -> dict[str, float]:
     busy = m * p["load"][stage] / (m + n - 1)  # share of the step this stage computes
     k = busy * _step_dip(ctx, p)
     d = _base(ctx, sm=p["sm"] * k, occ=0.45 * k, tensor=p["tensor"] * k, dram=0.5 * k, fb_gib=p["fb"],
-              power=180 + 480 * k, nvlink=2e10)
+              nvlink=2e10)
     return _background(ctx, d, p)
 
 
@@ -510,7 +570,7 @@ def _fabric_job(name: str) -> ProfileFn:
         comm = 0.15 + 0.15 * (ctx.job_seed % 7) / 6  # share of a step spent in exposed communication
         k = 1.0 / (1.0 + comm * (1.0 / f - 1.0))
         d = _base(ctx, sm=p["sm"] * _step_dip(ctx, p) * k, occ=p["occ"], tensor=p["tensor"], dram=p["dram"],
-                  fb_gib=p["fb"], power=p["power"], nvlink=p["nvl"], ib=p["ib"] * k if ctx.n_nodes > 1 else 0.0)
+                  fb_gib=p["fb"], nvlink=p["nvl"], ib=p["ib"] * k if ctx.n_nodes > 1 else 0.0)
         return _background(ctx, d, p)
 
     fn.__name__ = name
@@ -535,11 +595,11 @@ def _progress_job(name: str) -> ProfileFn:
                 d["pcie_rx_bytes_s"] = ctx.rng.uniform(2e9, 6e9)
             return d
         if phase == "checkpoint_save":
-            d = _base(ctx, sm=0.03, occ=0.02, tensor=0.0, dram=0.05, fb_gib=p["fb"], power=150, pcie_tx=4e9)
+            d = _base(ctx, sm=0.03, occ=0.02, tensor=0.0, dram=0.05, fb_gib=p["fb"], pcie_tx=4e9)
             return _background(ctx, d, p)
         k = st.step_s / st.step_time(ctx.t, ctx.rank)  # a slower step: the GPU waits longer for its input
         d = _base(ctx, sm=p["sm"] * k * (1.0 - p["dip"] * ctx.rng.random()), occ=p["occ"] * k, tensor=p["tensor"] * k,
-                  dram=p["dram"] * k, fb_gib=p["fb"], power=p["power"], nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0,
+                  dram=p["dram"] * k, fb_gib=p["fb"], nvlink=p["nvl"] if ctx.n_gpus > 1 else 0.0,
                   fp16=0.05)
         return _background(ctx, d, p)
 
@@ -614,6 +674,31 @@ FRAMEWORKS = ("pytorch", "jax", "deepspeed", "megatron")
 
 def _pick(options: tuple[str, ...], job_id: str, salt: str) -> str:
     return options[int(hashlib.sha1(f"{salt}/{job_id}".encode()).hexdigest()[:8], 16) % len(options)]
+
+
+# PCIe topology of a DGX/HGX H100 node: each GPU shares a PCIe switch with its own NIC (its rail),
+# the first four switches on CPU socket 0, the rest on socket 1. agent/sim_fabric.py lays the same
+# tree under the node's fake /sys, so the agent's InfiniBand sampler maps each NIC to its one GPU.
+MAX_PCI_GPUS = 14  # buses below 0x100 in one PCI domain; a node with more GPUs gets no topology
+
+
+def _gpu_bus(index: int) -> int:
+    return 0x10 * (index + 1) + 4
+
+
+def gpu_pci_bus_id(index: int) -> str:
+    """GPU ``index``'s PCI address ("0000:14:00.0"), "" past MAX_PCI_GPUS."""
+    return f"0000:{_gpu_bus(index):02x}:00.0" if index < MAX_PCI_GPUS else ""
+
+
+def pci_device_path(index: int, nic: bool = False) -> str:
+    """Where GPU ``index`` (or its rail NIC) sits under /sys/devices: root complex (one per CPU
+    socket) / root port / switch upstream port / switch downstream port / device."""
+    b = _gpu_bus(index)
+    rc = "00" if index < 4 else "80"
+    down = f"0000:{b - 1:02x}:0{int(nic)}.0"
+    dev = f"0000:{b + int(nic):02x}:00.0"
+    return f"pci0000:{rc}/0000:{rc}:{index + 1:02x}.0/0000:{b - 2:02x}:00.0/{down}/{dev}"
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -825,6 +910,10 @@ class SimulatedSource:
     def jobs(self) -> list[SimJob]:
         """The jobs placed on this node (gpufleet up sizes each node's replayed past by them)."""
         return self._jobs
+
+    def pci_bus_ids(self) -> dict[str, str]:
+        """GPU uuid -> PCI address (the agent maps InfiniBand HCAs to GPUs by it)."""
+        return {gpu_uuid(self.node, i): gpu_pci_bus_id(i) for i in range(min(self.gpus_per_node, MAX_PCI_GPUS))}
 
     def devices(self) -> list[GpuInfo]:
         return [GpuInfo(index=i, uuid=gpu_uuid(self.node, i), model=self.model,
