@@ -4,7 +4,7 @@ the DB runner, the bench and the tests call)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,11 +16,13 @@ from .config import Thresholds, load_thresholds
 from .detectors import Finding, JobContext, JobView, run_detectors
 from .detectors.base import CounterMinutes, MinuteSignals
 from .features import HIST_FIELDS, MinuteFeatures, hist_quantiles
+from .ledger import Ledger, fold_job
+from .progress.model import Window
 from .windows import build_windows, nz
 from .workload import WorkloadClass, from_pattern
 
 MFU_BASIS = "tensor_active x peak dense bf16 (estimate)"
-REPORT_VERSION = 2  # 2: goodput_score is a ratio 0..1 (was 0..100)
+REPORT_VERSION = 3  # 3: goodput and waste from the GPU-time ledger (2: goodput_score a ratio 0..1)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class JobAnalysis:
     goodput_score: float | None
     allocated_gpu_hours: float
     wasted_gpu_hours: float
+    ledger: Ledger | None = None  # per GPU-minute (analysis/ledger.py): what the runner stores
 
 
 def _r(x: Any, nd: int = 4) -> float | None:
@@ -66,9 +69,11 @@ def _weighted_mean(x: np.ndarray, n: np.ndarray, n_pos: np.ndarray | None = None
 
 def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *,
             th: Thresholds | None = None, events: list[tuple[float, int | None, str, int | None]] | None = None,
-            first_ts: float | None = None, last_ts: float | None = None, fabric: Any = None) -> JobAnalysis:
+            first_ts: float | None = None, last_ts: float | None = None, fabric: Any = None,
+            progress: Sequence[Window] | None = None, price: float | None = None) -> JobAnalysis:
     """The report and findings for one job. ``first_ts``/``last_ts``: its first and last
-    sample (default: the edges of the minutes with data)."""
+    sample (default: the edges of the minutes with data); ``progress``: the job's progress
+    windows (docs/progress.md), folded into its ledger; ``price``: of one GPU-hour (cost)."""
     th = th or load_thresholds()
     g = len(meta.gpu_uuids)
     if first_ts is None or last_ts is None:
@@ -114,37 +119,22 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
 
     # Active GPU-hours: the allocated time scaled by the share of observed GPU time not idle.
     active_share = None
-    wasted_by: dict[str, float] = {}
-    wasted_total = 0.0
-    score = None
     coverage: dict[str, Any] | None = None
     if job is not None:
-        w = job.w
         coverage = job.coverage.as_json()
-        judged = job.judged
-        valid_obs = float(w.obs_s[judged].sum())
+        valid_obs = float(job.w.obs_s[job.judged].sum())
         if valid_obs > 0:
-            active_share = float(w.obs_s[judged & ~job.idle].sum()) / valid_obs
-        claim = np.zeros_like(w.obs_s)
-        for fd in findings:
-            if fd.claim.size:
-                claim = np.maximum(claim, fd.claim)
-        # Waste adds up: each GPU-window's claims (the largest, never a sum) are <= 1 of its
-        # observed time, and the job's total never exceeds its allocation; per-cause numbers
-        # (which may overlap) are each capped the same way.
-        wasted_total = min(float((claim * w.obs_s).sum() / 3600.0), allocated)
-        for fd in findings:
-            fd.wasted_gpu_hours = round(min(fd.wasted_gpu_hours, allocated), 4)
-            wasted_by[fd.kind] = round(min(wasted_by.get(fd.kind, 0.0) + fd.wasted_gpu_hours, allocated), 4)
-        # Score: useful share of the judged GPU time. SM activity below the DCGM "effective"
-        # target counts against it even unflagged (without profiling metrics: the NVML duty
-        # cycle, which cannot see half-empty SMs); flagged waste caps it; no double counting.
-        # Windows with no activity signal are unknown, so they are left out, not scored 0.
-        target = th.general.target_sm_active
-        eff = np.where(job.from_util, nz(job.activity), nz(w.f.sm) / target)
-        useful = np.minimum(np.minimum(eff, 1.0), 1.0 - claim)
-        if valid_obs > 0:
-            score = round(float((useful * w.obs_s)[judged].sum()) / valid_obs, 4)
+            active_share = float(job.w.obs_s[job.judged & ~job.idle].sum()) / valid_obs
+    # Every waste figure and the score are sums over the ledger (docs/goodput.md, "The ledger"):
+    # a flag's waste is its share of it, two flags never claim one second, and the score is
+    # productive / observed GPU time (unobserved time is unknown, neither good nor waste).
+    led, led_json = fold_job(meta.gpu_uuids, meta.gpu_nodes, start, end, feats, findings, job, progress, price)
+    score = led_json["goodput"]
+    wasted_total = float(led_json["wasted_gpu_hours"])
+    wasted_by: dict[str, float] = {}
+    for fd, secs in zip(findings, led.flag_s, strict=True):
+        fd.wasted_gpu_hours = round(secs / 3600.0, 4)
+        wasted_by[fd.kind] = round(wasted_by.get(fd.kind, 0.0) + secs / 3600.0, 4)
     tensor_mean = stats["tensor_active"]["mean"]
     peak = model.peak_tensor_tflops if model else None
     achieved = _r(tensor_mean * peak * g, 1) if (peak and tensor_mean is not None) else None
@@ -213,5 +203,6 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
         "abstained": abstained,
         "workload": (meta.workload or WorkloadClass(None, "not known")).as_json(),
         "notes": notes,
+        "ledger": led_json,
     }
-    return JobAnalysis(report, findings, score, round(allocated, 4), round(wasted_total, 4))
+    return JobAnalysis(report, findings, score, round(allocated, 4), round(wasted_total, 4), led)
