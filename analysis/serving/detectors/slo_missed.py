@@ -1,0 +1,62 @@
+"""slo_missed: the deployment's TTFT or TPOT percentile is over its SLO, with the measured cause.
+
+Causes, first that fits: KV pressure (preemptions), host-bound (GPUs mostly idle while late),
+queueing (most of TTFT spent waiting), prefill-bound (TTFT late without queueing), decode-bound
+(TPOT late)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..config import ServingKindConfig
+from .base import DeploymentView, ServingDetector, ServingFinding, make_finding
+
+KIND = "slo_missed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(ServingKindConfig):
+    SECTION: ClassVar[str] = KIND
+    min_requests: float
+    queue_share: float
+    preemption_rate: float
+    kv_full: float
+    host_sm_active: float
+
+
+def detect(view: DeploymentView, cfg: Config) -> list[ServingFinding]:
+    s = view.summary
+    if view.n_minutes < cfg.min_minutes or not s.requests or s.requests < cfg.min_requests:
+        return []
+    pct = view.slo.percentile
+    ttft_late = s.ttft_attainment is not None and s.ttft_attainment < pct
+    tpot_late = s.tpot_attainment is not None and s.tpot_attainment < pct
+    if not (ttft_late or tpot_late):
+        return []
+    ttft_mean = s.latency.get("ttft", {}).get("mean")
+    queue_share = s.queue_mean_s / ttft_mean if s.queue_mean_s is not None and ttft_mean else None
+    preempt_rate = (s.preemptions or 0.0) / s.requests
+    if preempt_rate >= cfg.preemption_rate or (s.kv_usage_max is not None and s.kv_usage_max >= cfg.kv_full
+                                               and (s.preemptions or 0) > 0):
+        cause = "kv_pressure"
+    elif s.sm_active_mean is not None and s.sm_active_mean < cfg.host_sm_active:
+        cause = "host_bound"
+    elif ttft_late and queue_share is not None and queue_share >= cfg.queue_share:
+        cause = "queueing"
+    elif ttft_late and (not tpot_late or (s.ttft_attainment or 0) <= (s.tpot_attainment or 0)):
+        cause = "prefill_bound"
+    else:
+        cause = "decode_bound"
+    return [make_finding(view, KIND, cfg, view.deployment, {
+        "cause": cause, "ttft_attainment": s.ttft_attainment, "tpot_attainment": s.tpot_attainment,
+        "slo_percentile": pct, "slo_ttft_s": view.slo.ttft_s, "slo_tpot_s": view.slo.tpot_s,
+        "ttft_p99_s": s.latency.get("ttft", {}).get("p99"),
+        "tpot_p99_s": s.latency.get(s.tpot_from or "tpot", {}).get("p99"), "queue_share": queue_share,
+        "waiting_mean": s.waiting_mean, "kv_usage_max": s.kv_usage_max,
+        "preemptions_per_minute": (s.preemptions or 0.0) / max(view.n_minutes, 1),
+        "sm_active_mean": s.sm_active_mean, "batch_size_mean": s.batch_size_mean,
+        "judged_minutes": view.n_minutes, "flagged_minutes": view.n_minutes})]
+
+
+DETECTOR = ServingDetector(KIND, Config, detect)
