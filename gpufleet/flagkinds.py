@@ -15,12 +15,14 @@ from typing import Any
 
 REGISTRY_PATH = Path(__file__).with_name("flagkinds.toml")
 
-SCOPES = ("job", "node", "gpu", "node_or_gpu", "job_or_gpu", "progress")
+SCOPES = ("job", "node", "gpu", "node_or_gpu", "job_or_gpu", "progress", "deployment", "replica")
 # Where a kind's detector lives, by the data it judges (tests/analysis/test_flagkinds.py holds
 # every kind to exactly one detector module there): "hardware" = the job's telemetry windows
 # (GPU samples, NCCL records, NIC counters; analysis/detectors/<name>.py), "progress" = the
-# job's own progress windows (gpufleet.progress; analysis/progress/detectors/<name>.py).
-SOURCES = {"hardware": "analysis/detectors", "progress": "analysis/progress/detectors"}
+# job's own progress windows (gpufleet.progress; analysis/progress/detectors/<name>.py),
+# "serving" = a serving deployment's replica-minutes (docs/serving.md; analysis/serving/detectors/<name>.py).
+SOURCES = {"hardware": "analysis/detectors", "progress": "analysis/progress/detectors",
+           "serving": "analysis/serving/detectors"}
 SEVERITIES = ("info", "warning", "critical")
 WORKLOAD_CLASSES = ("training", "serving", "batch_inference", "interactive", "hpc")
 UNITS = ("ratio", "count", "minutes", "seconds", "MHz", "W", "GiB", "bytes", "bytes/s", "per_minute", "text",
@@ -209,6 +211,8 @@ class FlagKinds:
             return key.replace("_", " "), value_text("", value)
         if key == "cause" and isinstance(value, str):
             return spec.label, value.replace("_", " ")
+        if key == "judged_from" and isinstance(value, list):  # signal names read as words, not nic_counters
+            return spec.label, ", ".join(str(x).replace("_", " ") for x in value)
         return spec.label, spec.text(value)
 
     def as_json(self) -> dict[str, Any]:

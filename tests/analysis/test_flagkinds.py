@@ -16,6 +16,8 @@ from gpufleet.agent.simulator import PROFILES, make_job
 from gpufleet.analysis.config import load_thresholds
 from gpufleet.analysis.detectors import DETECTORS
 from gpufleet.analysis.progress.detectors import PROGRESS_DETECTORS
+from gpufleet.analysis.serving.config import load_raw as serving_thresholds
+from gpufleet.analysis.serving.detectors import SERVING_DETECTORS
 from gpufleet.flagkinds import FLAG_KINDS, SOURCES, flag_kinds, parse_flag_kinds
 
 from .conftest import T0
@@ -71,7 +73,7 @@ def _product_files() -> list[tuple[str, str]]:
 
 
 # The detector list of each source (the registry's SOURCES names their folders).
-DETECTORS_BY_SOURCE = {"hardware": DETECTORS, "progress": PROGRESS_DETECTORS}
+DETECTORS_BY_SOURCE = {"hardware": DETECTORS, "progress": PROGRESS_DETECTORS, "serving": SERVING_DETECTORS}
 
 
 def test_every_kind_has_one_detector_where_its_source_says_and_one_thresholds_section() -> None:
@@ -87,7 +89,9 @@ def test_every_kind_has_one_detector_where_its_source_says_and_one_thresholds_se
         for d in ds:
             assert d.kind in FLAG_KINDS, f"{src} detector {d.kind} has no registry entry"
             assert d.kind == d.config.SECTION
-            assert d.kind in th.raw, f"thresholds.toml has no [{d.kind}] section"
+            # the serving kinds keep their thresholds beside them (analysis/serving/thresholds.toml)
+            raw = serving_thresholds() if src == "serving" else th.raw
+            assert d.kind in raw, f"{src} thresholds have no [{d.kind}] section"
         assert len({d.kind for d in ds}) == len(ds), f"{src}: a kind listed twice"
 
 
