@@ -68,6 +68,10 @@ class AgentConfig:
     # pod-name patterns whose (?P<job>...) group names a multi-pod job (gpufleet/pod_jobs.py);
     # "none" = every pod its own job
     kubernetes_job_patterns: tuple[str, ...] = DEFAULT_POD_JOB_PATTERNS
+    # the progress relay's socket is 0660 (not world-writable: a local user could forge windows
+    # or flood the relay); this group may write to it too, e.g. the training users' group.
+    # None = the agent's own group only (GPUFLEET_PROGRESS_SOCKET_GROUP)
+    progress_socket_group: str | None = None
     # delivery
     timeout_s: float = 10.0
     backoff_base_s: float = 1.0

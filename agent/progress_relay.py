@@ -6,12 +6,20 @@ no-duplicate guarantees as samples (docs/progress.md).
 
 The socket path: ``GPUFLEET_PROGRESS`` when it names a path, else the first of
 ``gpufleet.progress.default_socket_paths()`` whose folder this process can create or write.
+
+The socket is 0660 (the agent's user and group, plus ``progress_socket_group``): what arrives
+is still untrusted, so every datagram is checked (``sane``: finite clocks, integers a database
+column holds, NUL-free names, bounded event fields) before it is folded, the fold's finished
+windows are bounded in bytes (``max_ready_bytes``, then the oldest are dropped and counted),
+and no input stops the receiving thread.
 """
 
 from __future__ import annotations
 
+import grp
 import json
 import logging
+import math
 import os
 import socket
 import stat
@@ -31,6 +39,108 @@ log = logging.getLogger(__name__)
 
 MAX_DATAGRAM = 1 << 20
 MAX_READY = 20000  # finished windows held while the agent loop is not draining (then counted drops)
+MAX_READY_BYTES = 32 << 20  # the same, in bytes of their JSON
+MAX_EVENTS_PER_DATAGRAM = 4096  # the client sends at most 512
+MAX_FIELDS_BYTES = 4096  # one progress.event's fields (the client truncates at 2048)
+_INT4 = 2**31 - 1
+_INT8 = 2**63 - 1
+_CLOCK = 1e9  # a monotonic clock in seconds stays far below this (31 years of uptime)
+
+
+def _num(v: Any, lo: float = -_CLOCK, hi: float = _CLOCK) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+
+
+def _int(v: Any, lo: int = 0, hi: int = _INT8) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _name(v: Any, limit: int = 255) -> bool:
+    return isinstance(v, str) and len(v) <= limit and "\x00" not in v
+
+
+def _json_safe(v: Any, depth: int = 0) -> Any:
+    """Event fields as the database's JSON holds them: NaN/Inf become null (not known; a
+    training loop's loss=nan is a fact worth keeping, not a reason to lose the window)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, str):
+        return v.replace("\x00", "")
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, int):
+        return v if -_INT8 <= v <= _INT8 else None
+    if depth > 8:
+        return None
+    if isinstance(v, dict):
+        return {str(k).replace("\x00", ""): _json_safe(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_safe(x, depth + 1) for x in v]
+    return None
+
+
+def _sane_event(ev: Any, lo: float, hi: float) -> list[Any] | None:
+    if not (isinstance(ev, list) and len(ev) >= 2 and isinstance(ev[0], str) and _num(ev[1], lo, hi)):
+        return None
+    kind = ev[0]
+    if kind == "s":
+        if len(ev) < 3 or not _int(ev[2], -_INT8, _INT8):
+            return None
+        return [kind, ev[1], ev[2], *[x if _int(x) else None for x in ev[3:5]]]
+    if kind == "b":
+        return ev[:3] if len(ev) >= 3 and _name(ev[2], 64) else None
+    if kind == "e":
+        return ev[:4] if len(ev) >= 4 and _name(ev[2], 64) and _num(ev[3], 0, _CLOCK) else None
+    if kind == "v":
+        if len(ev) < 3 or not _name(ev[2], 64):
+            return None
+        fields = _json_safe(ev[3]) if len(ev) > 3 and isinstance(ev[3], dict) else {}
+        size = len(json.dumps(fields))
+        return [kind, ev[1], ev[2], fields if size <= MAX_FIELDS_BYTES else {"truncated": size}]
+    if kind == "x":
+        return ev[:2]
+    return None
+
+
+def sane(msg: Any) -> dict[str, Any] | None:
+    """The datagram with only what the fold can use safely, or None when it is not a progress
+    datagram at all (then counted as bad). Events that break a bound are dropped alone."""
+    if not isinstance(msg, dict):
+        return None
+    pid: Any = msg.get("pid")
+    mono0: Any = msg.get("mono0")
+    wall0: Any = msg.get("wall0")
+    if not (_int(pid, 0, _INT4) and _num(mono0) and _num(wall0, 946684800.0, 4102444800.0)):
+        return None
+    m0 = float(mono0)
+    now = msg.get("now")
+    if now is not None and not _num(now, m0 - 86400.0, m0 + _CLOCK):
+        return None
+    ident = msg.get("id") or {}
+    if not isinstance(ident, dict):
+        return None
+    clean_id: dict[str, Any] = {}
+    for k, ok in (("job", lambda v: _name(v) and v != ""), ("rank", lambda v: _int(v, 0, _INT4)),
+                  ("host", _name), ("world", lambda v: _int(v, 1, _INT4)), ("local_rank", lambda v: _int(v, 0, _INT4)),
+                  ("gpu", lambda v: _name(v, 96))):
+        v = ident.get(k)
+        if v is not None and ok(v):
+            clean_id[k] = v
+    meta = msg.get("meta") or {}
+    clean_meta: dict[str, Any] = {}
+    if isinstance(meta, dict):
+        if _num(meta.get("flops_per_step"), 0.0, 1e300):
+            clean_meta["flops_per_step"] = meta["flops_per_step"]
+        if _int(meta.get("params")):
+            clean_meta["params"] = meta["params"]
+    evs = msg.get("ev") or []
+    if not isinstance(evs, list):
+        return None
+    lo, hi = m0 - 86400.0, m0 + _CLOCK
+    clean_ev = [e for e in (_sane_event(ev, lo, hi) for ev in evs[:MAX_EVENTS_PER_DATAGRAM]) if e is not None]
+    dropped = msg.get("dropped")
+    return {"pid": pid, "mono0": mono0, "wall0": wall0, "now": now, "id": clean_id, "meta": clean_meta,
+            "dropped": dropped if _int(dropped) else 0, "ev": clean_ev}
 
 
 def socket_path_from_env() -> str | None:
@@ -57,8 +167,13 @@ class ProgressRelay:
 
     def __init__(self, path: str | os.PathLike[str], *, job_for: Callable[[dict[str, Any]], str | None] | None = None,
                  mono: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 expire_s: float = EXPIRE_S) -> None:
+                 expire_s: float = EXPIRE_S, group: str | None = None,
+                 max_ready_bytes: int = MAX_READY_BYTES) -> None:
         self.path = str(path)
+        self.group = group
+        self.max_ready_bytes = max_ready_bytes
+        self.ready_bytes = 0  # JSON bytes of the finished windows waiting for drain()
+        self._ready_sizes: list[int] = []  # one per window in self.folder.ready
         self.job_for = job_for
         self.mono = mono
         self.wall = wall
@@ -93,7 +208,16 @@ class ProgressRelay:
             pass
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         s.bind(self.path)
-        os.chmod(self.path, 0o666)  # any training process on the node may report
+        # Not 0666: any local user could then forge another job's progress or flood the relay.
+        # Trainers run as the agent's group or as ``group`` (progress_socket_group).
+        if self.group:
+            try:
+                os.chown(self.path, -1, grp.getgrnam(self.group).gr_gid)
+            except (KeyError, PermissionError) as e:
+                s.close()
+                os.unlink(self.path)
+                raise OSError(f"cannot give {self.path} to group {self.group!r}: {e}") from None
+        os.chmod(self.path, 0o660)
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         except OSError:
@@ -113,30 +237,60 @@ class ProgressRelay:
                     break
                 continue
             try:
-                msg = json.loads(data)
-            except ValueError:
-                self.folder.bad += 1
-                continue
-            with self._lock:
-                self.received += 1
-                self.events += len(msg.get("ev") or ()) if isinstance(msg, dict) else 0
-                if isinstance(msg, dict):
-                    self.folder.feed(msg, self.mono())
-                else:
+                self._receive(data)
+            except Exception:  # no datagram may stop the relay: a trainer's windows depend on it
+                log.exception("progress datagram of %d bytes not folded", len(data))
+                with self._lock:
                     self.folder.bad += 1
             now_cpu = time.thread_time()
             self.cpu_s += now_cpu - t_cpu
             t_cpu = now_cpu
 
+    def _receive(self, data: bytes) -> None:
+        try:
+            msg = sane(json.loads(data))
+        except (ValueError, RecursionError):
+            msg = None
+        with self._lock:
+            self.received += 1
+            if msg is None:
+                self.folder.bad += 1
+                return
+            self.events += len(msg["ev"])
+            self.folder.feed(msg, self.mono())
+            self._bound_ready()
+
+    def _bound_ready(self) -> None:
+        """Count the new finished windows' bytes; past the bound the oldest go (counted)."""
+        ready = self.folder.ready
+        for w in ready[len(self._ready_sizes):]:
+            n = len(msgspec.json.encode(w))
+            self._ready_sizes.append(n)
+            self.ready_bytes += n
+        drop = 0
+        while self.ready_bytes > self.max_ready_bytes and drop < len(ready):
+            self.ready_bytes -= self._ready_sizes[drop]
+            drop += 1
+        if drop:
+            del ready[:drop]
+            del self._ready_sizes[:drop]
+            self.dropped += drop
+
+    def _take(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self._ready_sizes.clear()
+        self.ready_bytes = 0
+        return raw
+
     def drain(self, now: float | None = None) -> list[ProgressWindow]:
         with self._lock:
-            raw = self.folder.close_due(self.wall() if now is None else now, self.mono())
+            raw = self._take(self.folder.close_due(self.wall() if now is None else now, self.mono()))
         return self._convert(raw)
 
     def drain_all(self) -> list[ProgressWindow]:
         """Everything, open windows included (the agent is stopping)."""
         with self._lock:
             raw = self.folder.close_due(self.wall(), self.mono()) + self.folder.close_all(self.wall(), self.mono())
+            self._take(raw)
         return self._convert(raw)
 
     def _convert(self, raw: list[dict[str, Any]]) -> list[ProgressWindow]:
@@ -175,7 +329,8 @@ class ProgressRelay:
     def stats(self) -> dict[str, Any]:
         return {"path": self.path, "received": self.received, "events": self.events, "streams":
                 len(self.folder.streams), "bad": self.folder.bad, "refused": self.folder.refused,
-                "dropped": self.dropped, "unattributed": self.unattributed, "cpu_s": self.cpu_s}
+                "dropped": self.dropped, "unattributed": self.unattributed, "cpu_s": self.cpu_s,
+                "ready_bytes": self.ready_bytes, "max_ready_bytes": self.max_ready_bytes}
 
     def close(self) -> None:
         self._stop.set()
@@ -214,8 +369,9 @@ def attach(agent: Any, path: str | None = None) -> ProgressRelay | None:
     p = path or socket_path_from_env()
     if p is None:
         return None
+    group = getattr(getattr(agent, "config", None), "progress_socket_group", None)
     try:
-        relay = ProgressRelay(p, job_for=one_job_on_node(agent))
+        relay = ProgressRelay(p, job_for=one_job_on_node(agent), group=group)
     except OSError as e:
         log.warning("progress relay not started (cannot listen on %s: %s); training processes on this node "
                     "report nothing until it can", p, e)

@@ -26,6 +26,11 @@ STALL_FACTOR = 10.0  # ... nor fewer than this many typical step times
 FIRST_STEP_LIMIT_S = 300.0  # before any step (no span open): setup this long is a stall
 MAX_EVENTS_PER_WINDOW = 20
 MAX_STREAMS = 4096
+MAX_TIMES_PER_WINDOW = 4096  # step times kept for a window's quantiles (the histogram counts them all)
+# A stream's clock moving on this far in one go is no training loop between datagrams (a relay
+# started under a long-running process, a forged clock): the gap is unknown, not hours of empty
+# windows. A process silent past the expiry resumes in Folder.feed instead.
+MAX_ROLL_S = 6 * 3600.0
 HIST_BASE = 1.1  # step-time histogram buckets: 10% wide, mergeable across windows and ranks
 _LOG_BASE = math.log(HIST_BASE)
 # The buckets a step time can land in (1 us .. 1e7 s): what the intake stores and readers trust.
@@ -159,6 +164,13 @@ class Stream:
 
     def roll_to(self, wall: float, out: list[dict[str, Any]]) -> None:
         """Close windows that end at or before ``wall`` (the stream's own time moved on)."""
+        if wall - self.window.start > MAX_ROLL_S:
+            end = self.window.start + WINDOW_S
+            self._check_stall(self.mono(end))
+            out.append(self.export(self.window, ended=False))
+            self.window = _Window(self.floor(wall))
+            self.cursor = max(self.cursor, self.mono(self.window.start))
+            self.spans_since = 0.0
         while wall >= self.window.start + WINDOW_S:
             end = self.window.start + WINDOW_S
             self._check_stall(self.mono(end))
@@ -186,7 +198,8 @@ class Stream:
         else:
             prod = gap
         w.productive_s += prod
-        w.times.append(prod)
+        if len(w.times) < MAX_TIMES_PER_WINDOW:
+            w.times.append(prod)
         b = hist_bucket(prod)
         w.hist[b] = w.hist.get(b, 0) + 1
         self.recent.append(prod)
