@@ -180,6 +180,22 @@ def test_the_pod_log_mount_can_be_left_out() -> None:
 
 
 @needs_helm
+def test_profiling_switch_beside_dcgm_exporter() -> None:
+    # One profiler per GPU: the agent reads GPM by default; beside dcgm-exporter it is switched
+    # off, or the agent reads dcgm-exporter's fields instead (docs/kubernetes.md).
+    def env(sets: list[str]) -> dict[str, Any]:
+        (c,) = _kind(_render(sets=[*REQUIRED, *sets]), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value") for e in c["env"]} | {"args": c["args"]}
+
+    default = env([])
+    assert default["GPUFLEET_GPM"] == "true" and "GPUFLEET_DCGM_EXPORTER_URL" not in default
+    assert env(["agent.gpm=false"])["GPUFLEET_GPM"] == "false"
+    url = "http://nvidia-dcgm-exporter.gpu-operator.svc:9400/metrics"
+    e = env(["agent.source=dcgm-exporter", f"agent.dcgmExporterUrl={url}"])
+    assert e["GPUFLEET_DCGM_EXPORTER_URL"] == url and e["args"] == ["agent", "--source", "dcgm-exporter"]
+
+
+@needs_helm
 def test_server_worker_beat_and_migration() -> None:
     docs = _render()
     server = _kind(docs, "Deployment", "-server")
