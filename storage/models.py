@@ -261,6 +261,7 @@ from gpufleet.storage import (  # noqa: E402
     alert_models,  # noqa: F401
     collectives_models,  # noqa: F401
     feature_models,  # noqa: F401
+    gpu_ledger,  # noqa: F401
     progress_models,  # noqa: F401
     session_models,  # noqa: F401
 )
