@@ -22,6 +22,7 @@ from sqlalchemy import Engine, and_, exists, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from gpufleet.storage.gpu_ledger import write_job_ledger
 from gpufleet.storage.minute_features import HIST_SPAN_S, READ_COLUMNS, read_hist, read_states
 from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport, Node
 
@@ -29,6 +30,7 @@ from .collectives.load import load_fabric
 from .config import Thresholds, load_thresholds
 from .features import HIST_BINS, HIST_FIELDS, MinuteFeatures, from_states
 from .progress.flags import run_progress_pass
+from .progress.load import load_windows
 from .report import JobAnalysis, JobMeta, analyze
 from .state import CACHE, JobState, StateCache
 from .workload import classify
@@ -239,13 +241,16 @@ def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache:
             return  # no samples yet
         events = _events(conn, {p: i for i, p in enumerate(st.gpu_pks)}, st.first_ts, st.last_ts or st.first_ts)
         fabric = load_fabric(conn, job_pk)  # NCCL collectives and NICs (docs/nccl.md)
+        progress = load_windows(conn, job_pk)  # the job's own progress, folded into its ledger
         res = analyze(meta, st.feats, st.hist(), th=th, events=events, first_ts=st.first_ts, last_ts=st.last_ts,
-                      fabric=fabric)
+                      fabric=fabric, progress=progress or None)
         s.jobs_analyzed += 1
         analyzed_until = float(st.last_ts or 0.0)
         if not running and job["end_ts"] is not None:
             analyzed_until = max(analyzed_until, float(job["end_ts"]))
         changed = _write_report(conn, job_pk, res, analyzed_until, now)
+        if changed and res.ledger is not None:  # the ledger per job-minute, beside its report
+            write_job_ledger(conn, job_pk, res.ledger.grid.b0, res.ledger.per_minute())
         changed |= _sync_flags(conn, job_pk, res, now, s)
         if changed:
             s.reports_written += 1 if changed & 1 else 0
