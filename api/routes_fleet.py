@@ -34,11 +34,16 @@ def read_fleet_summary(session: SessionDep, request: Request, cluster: ClusterFi
     return {**out, "goodput": fleet_goodput(session, out["start"], out["end"])}  # docs/progress.md
 
 
-@router.get("/flags", response_model=FlagsPublic, summary="Goodput flags, most wasteful first")
+@router.get("/flags", response_model=FlagsPublic,
+            summary="Goodput flags, most severe first, most wasteful within a severity")
 def read_flags(session: SessionDep, open: bool | None = None, kind: FlagKind | None = None,
                severity: Severity | None = None, cluster: ClusterFilter = None,
-               limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: Cursor = None) -> Any:
-    return list_flags(session, open_=open, kind=kind, severity=severity, cluster=cluster, limit=limit, cursor=cursor)
+               limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: Cursor = None,
+               sort: Annotated[Literal["severity", "waste"],
+                               Query(description="severity (then waste; the default) or waste alone")] = "severity",
+               ) -> Any:
+    return list_flags(session, open_=open, kind=kind, severity=severity, cluster=cluster, limit=limit, cursor=cursor,
+                      sort=sort)
 
 
 @router.get("/catalog", summary="The metric catalog: every per-GPU field with unit and description")

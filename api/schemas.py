@@ -177,6 +177,8 @@ class GpuPublic(BaseModel):
     current: dict[str, Any] | None = None
     job: GpuCurrentJob | None = None
     throttle: dict[str, Any] | None = None
+    flags: list[dict[str, Any]] = Field(default_factory=list,
+                                        description="open flags naming this GPU, most severe first")
 
 
 class NodePublic(BaseModel):
@@ -187,6 +189,8 @@ class NodePublic(BaseModel):
     stale: bool
     labels: dict[str, Any]
     gpus: list[GpuPublic]
+    flags: list[dict[str, Any]] = Field(default_factory=list,
+                                        description="open flags on this node or its GPUs, most severe first")
 
 
 class NodesPublic(BaseModel):
@@ -226,6 +230,9 @@ class NodeDetail(BaseModel):
     jobs: list[NodeJob] = Field(default_factory=list,
                                 description="jobs that held its GPUs in the last 7 days, newest first")
     window_s: float
+    flags: list[dict[str, Any]] = Field(default_factory=list,
+                                        description="open flags on this node or its GPUs, most severe first")
+    drain: dict[str, Any] | None = Field(None, description="drain advice when an open flag says to drain the node")
 
 
 class NodeTimeseriesPublic(PerGpuSeries):

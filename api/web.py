@@ -27,7 +27,8 @@ from .deps import require_viewer
 from .routes_common import SessionDep
 
 STATIC = Path(__file__).with_name("static")
-OWN_FILES = {"app.js": "text/javascript", "dom.js": "text/javascript", "app.css": "text/css",
+OWN_FILES = {"app.js": "text/javascript", "dom.js": "text/javascript", "fmt.js": "text/javascript",
+             "app.css": "text/css",
              "favicon.svg": "image/svg+xml",
              "collectives.js": "text/javascript", "goodput.js": "text/javascript",
              "replay.js": "text/javascript", "pages.css": "text/css", "fleet.js": "text/javascript",
@@ -81,6 +82,7 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <main id="app" data-config="{html.escape(json.dumps(cfg), quote=True)}"><p class="muted">Loading…</p></main>
 <script src="/static/uplot/{_uplot_js()}"></script>
 <script src="/static/dom.js?v={__version__}"></script>
+<script src="/static/fmt.js?v={__version__}"></script>
 <script src="/static/evidence.js?v={__version__}"></script>
 <script src="/static/auth/session.js?v={__version__}"></script>
 <script src="/static/collectives.js?v={__version__}"></script>

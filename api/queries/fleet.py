@@ -8,14 +8,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import case, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobReport, Node, gpu_samples_1m
 
-from .common import clean, live_values, now
+from .common import BadRequest, clean, decode_cursor, encode_cursor, live_values, now
 from .jobs import flag_dict
-from .paginate import Keyset
 
 TOP_N = 10
 
@@ -139,8 +138,14 @@ def fleet_summary(session: Session, *, window_s: float, cluster: str | None = No
     }
 
 
+# Severity is not waste: a critical fault that claims no GPU-hours still comes first.
+SEVERITY_ORDER = case({"critical": 2, "warning": 1, "info": 0}, value=Flag.severity, else_=-1)
+
+
 def list_flags(session: Session, *, open_: bool | None, kind: str | None, severity: str | None,
-               cluster: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
+               cluster: str | None, limit: int, cursor: str | None, sort: str = "severity") -> dict[str, Any]:
+    """Flags, most severe first and most wasteful within a severity (``sort="waste"``: by waste
+    alone). Keyset-paginated on (severity, waste, id), all descending."""
     conds: list[Any] = []
     if open_ is not None:
         conds.append(Flag.open.is_(open_))
@@ -150,14 +155,26 @@ def list_flags(session: Session, *, open_: bool | None, kind: str | None, severi
         conds.append(Flag.severity == severity)
     if cluster:
         conds.append(Cluster.name == cluster)
-    base = (select(Flag, Job.job_id, Job.user, Job.name.label("job_name"), Cluster.name.label("cluster"))
+    base = (select(Flag, Job.job_id, Job.user, Job.name.label("job_name"), Cluster.name.label("cluster"),
+                   SEVERITY_ORDER.label("sev"))
             .join(Job, Job.id == Flag.job_pk).join(Cluster, Cluster.id == Job.cluster_id).where(*conds))
     total = session.execute(select(func.count()).select_from(base.with_only_columns(Flag.id).subquery())).scalar_one()
-    ks = Keyset(Flag.wasted_gpu_hours, Flag.id, (int, float), int, descending=True)
-    rows, nxt = ks.page(session.execute(ks.apply(base, cursor).limit(limit + 1)).all(), limit,
-                        lambda r: [r.Flag.wasted_gpu_hours, r.Flag.id])
+    keys = [SEVERITY_ORDER, Flag.wasted_gpu_hours, Flag.id] if sort == "severity" else [Flag.wasted_gpu_hours, Flag.id]
+    after = decode_cursor(cursor, len(keys))
+    q = base
+    if after is not None:
+        if not all(isinstance(v, int | float) for v in after):
+            raise BadRequest("cursor is not one this API issued")
+        q = q.where(tuple_(*keys) < tuple_(*after))
+    rows = session.execute(q.order_by(*(k.desc() for k in keys)).limit(limit + 1)).all()
+    page = rows[:limit]
+    last = page[-1] if page else None
+    nxt = None
+    if len(rows) > limit and last is not None:
+        vals = [last.sev, last.Flag.wasted_gpu_hours, last.Flag.id]
+        nxt = encode_cursor(vals if sort == "severity" else vals[1:])
     data = [{**flag_dict(r.Flag), "cluster": r.cluster, "job_id": r.job_id, "user": r.user, "job_name": r.job_name}
-            for r in rows]
+            for r in page]
     return {"data": data, "count": total, "next_cursor": nxt}
 
 

@@ -20,28 +20,14 @@
   const qs = (o) => Object.entries(o).filter(([, v]) => v !== null && v !== undefined && v !== "")
     .map(([k, v]) => `${enc(k)}=${enc(v)}`).join("&");
 
-  // ---- formatting --------------------------------------------------------------------
-  const dash = "–";
-  const pct = (v) => (v === null || v === undefined ? dash : `${(v * 100).toFixed(0)}%`);
-  const num = (v, d = 1) => (v === null || v === undefined ? dash : Number(v).toFixed(d));
-  const gh = (v) => (v === null || v === undefined ? dash : v >= 100 ? v.toFixed(0) : v.toFixed(1));
-  const gib = (v) => (v === null || v === undefined ? dash : `${(v / 2 ** 30).toFixed(1)} GiB`);
-  const rate = (v) => {
-    if (v === null || v === undefined) return dash;
-    const u = ["B/s", "KB/s", "MB/s", "GB/s", "TB/s"]; let i = 0; let x = Math.abs(v);
-    while (x >= 1000 && i < u.length - 1) { x /= 1000; i++; }
-    return `${(Math.sign(v) * x).toFixed(x < 10 ? 1 : 0)} ${u[i]}`;
-  };
-  const pad = (n) => String(n).padStart(2, "0");
-  function when(ts) {
-    if (!ts) return dash;
-    const d = new Date(ts * 1000);
-    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}`;
-  }
+  // ---- formatting: one rule for every page (fmt.js) -----------------------------------
+  const F = window.gpufleetFmt;
+  const { dash, num, gh, gib, rate, when } = F;
+  const pct = (v) => F.pct(v);  // whole percent; one argument, so it is safe in Array.map
   function dur(s) {
     if (s === null || s === undefined || s < 0) return dash;
     const d = Math.floor(s / 86400), hh = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
-    return d ? `${d}d ${hh}h` : hh ? `${hh}h ${pad(m)}m` : `${m}m`;
+    return d ? `${d}d ${hh}h` : hh ? `${hh}h ${String(m).padStart(2, "0")}m` : `${m}m`;
   }
   const now = () => Date.now() / 1000;
   // SM activity -> red (idle) .. amber .. green (busy); grey = no data
@@ -71,6 +57,7 @@
   const kindsReady = EV.registry().then((r) => { KINDS = r; }, () => { /* pages still show raw names */ });
   const kindOf = (name) => KINDS.kinds.find((k) => k.name === name);
   const kindTitle = (name) => (kindOf(name) || {}).title || name;
+  window.gpufleetFlagTitle = kindTitle;  // node.js labels its flag table with the registry's titles
   const kindOptions = () => [["", "any"], ...KINDS.kinds.map((k) => [k.name, k.title])];
   const status = (t) => { document.getElementById("status").textContent = t; };
   function done() {
@@ -80,6 +67,17 @@
     state.errors.push(String(err.message || err));
     fill(root, h("p", { class: "error" }, `Could not load: ${err.message || err}`));
     done();
+  }
+  // Open flags, most severe first: "3 · 1 critical" in red when any is critical
+  const SEVS = ["critical", "warning", "info"];
+  function openFlagsKpi(byS) {
+    const total = Object.values(byS || {}).reduce((a, b) => a + b, 0);
+    const worst = SEVS.find((x) => byS[x]);
+    const el = h("div", { class: `kpi${worst ? ` sev-${worst}` : ""}`, id: "kpi-open-flags",
+      title: SEVS.filter((x) => byS[x]).map((x) => `${byS[x]} ${x}`).join(", ") || "none" },
+    h("div", { class: "v" }, `${total}`, worst === "critical" ? h("span", { class: "sev critical" }, ` · ${byS.critical} critical`) : null),
+    h("div", { class: "l" }, "Open flags"));
+    return el;
   }
   const kpi = (label, value, title) => h("div", { class: "kpi", title }, h("div", { class: "v" }, value), h("div", { class: "l" }, label));
   // The chip reads as the registry's title, not the identifier; the identifier stays in the tooltip and
@@ -102,7 +100,7 @@
     setInterval(async () => {
       if (document.hidden || busy) return;
       busy = true;
-      try { await fn(); state.refreshes = (state.refreshes || 0) + 1; status(`updated ${new Date().toLocaleTimeString()}`); } catch (e) { status(`update failed: ${e.message}`); } finally { busy = false; }
+      try { await fn(); state.refreshes = (state.refreshes || 0) + 1; status(`updated ${F.clock()}`); } catch (e) { status(`update failed: ${e.message}`); } finally { busy = false; }
     }, ms);
   }
 
@@ -126,9 +124,8 @@
       h("div", { class: "cols" },
         h("section", {}, h("h2", {}, `GPU-hours wasted, last ${W.label}, by cause`), waste),
         h("section", {}, h("h2", {}, `Top wasting users (${W.label})`), topUsers)),
-      h("div", { class: "cols" },
-        h("section", {}, h("h2", {}, "Open flags"), flagsBox),
-        h("section", {}, h("h2", {}, `Top wasting jobs (${W.label})`), topJobs)));
+      h("section", {}, h("h2", {}, "Open flags, most severe first"), flagsBox),
+      h("section", {}, h("h2", {}, `Top wasting jobs (${W.label})`), topJobs));
 
     async function loadSummary() {
       const s = await api(`/api/v1/fleet/summary?window=${W.key}`);
@@ -142,8 +139,7 @@
         kpi("GPUs allocated", `${s.gpus_allocated}`),
         ...(window.gpufleetFleetEttr ? [kpi("Fleet ETTR", ...window.gpufleetFleetEttr(s))] : []),
         window.gpufleetFleet ? kpi(...window.gpufleetFleet.wasteKpi(s, W)) : kpi("Wasted GPU-h 24 h", gh(s.wasted_gpu_hours_total)),
-        kpi("Open flags", `${Object.values(s.open_flags).reduce((a, b) => a + b, 0)}`,
-          Object.entries(s.open_flags).map(([k, v]) => `${k}: ${v}`).join(", ")));
+        openFlagsKpi(s.open_flags));
       const causes = Object.entries(s.wasted_gpu_hours).filter(([, v]) => v > 0);
       const max = Math.max(1e-9, ...causes.map(([, v]) => v || 0));
       fill(waste, causes.length ? causes.map(([k, v]) => h("div", { class: "bar", "data-kind": k }, h("span", { title: k }, kindTitle(k)),
@@ -181,13 +177,19 @@
         const cells = node.gpus.map((g) => {
           n++;
           const c = g.current;
+          const gf = g.flags || [];  // open flags naming this GPU, most severe first
           const tip = [`${node.name} GPU ${g.index}`, g.model, c ? `SM ${pct(c.sm_active)} · tensor ${pct(c.tensor_active)} · ${num(c.power_w, 0)} W` : "no data in 5 min",
-            g.job ? `job ${g.job.job_id} (${g.job.user ?? "?"})${g.job.name ? ` ${g.job.name}` : ""}` : "not allocated"].filter(Boolean).join("\n");
-          return h("a", { class: `cell${g.job ? "" : " free"}`, href: g.job ? jobHref(g.job.cluster, g.job.job_id) : nodeHref(node.cluster, node.name),
+            g.job ? `job ${g.job.job_id} (${g.job.user ?? "?"})${g.job.name ? ` ${g.job.name}` : ""}` : "not allocated",
+            ...gf.map((f) => `⚑ ${f.severity}: ${kindTitle(f.kind)} (job ${f.job_id})`)].filter(Boolean).join("\n");
+          return h("a", { class: `cell${g.job ? "" : " free"}${gf.length ? ` flagged sev-${gf[0].severity}` : ""}`,
+            href: gf.length ? nodeHref(node.cluster, node.name) : g.job ? jobHref(g.job.cluster, g.job.job_id) : nodeHref(node.cluster, node.name),
             title: tip, "data-gpu": g.uuid, "data-sm": c && c.sm_active !== null ? c.sm_active : "", style: { background: g.job || (c && c.sm_active > 0.05) ? heat(c ? c.sm_active : null) : "transparent" } });  // no job, no work: not "idle red"
         });
-        frag.append(h("div", { class: `node${node.stale ? " stale" : ""}` },
-          h("a", { class: "nn", href: nodeHref(node.cluster, node.name), title: node.name }, node.name),
+        const worst = SEVS.find((x) => (node.flags || []).some((f) => f.severity === x));
+        frag.append(h("div", { class: `node${node.stale ? " stale" : ""}${worst ? ` sev-${worst}` : ""}`, "data-node": node.name },
+          h("a", { class: "nn", href: nodeHref(node.cluster, node.name),
+            title: [node.name, ...(node.flags || []).map((f) => `⚑ ${f.severity}: ${kindTitle(f.kind)} (job ${f.job_id})`)].join("\n") },
+          worst ? h("span", { class: `sev ${worst}` }, "⚑ ") : null, node.name),
           h("div", { class: "cells" }, cells)));
       }
       fill(grid, frag);
@@ -197,14 +199,15 @@
 
     async function loadFlags() {
       await kindsReady;
-      const f = await api("/api/v1/flags?open=true&limit=15");
+      const f = await api("/api/v1/flags?open=true&limit=15&sort=severity");  // most severe first
       fill(flagsBox, f.data.length ? table([
         { label: "Flag", get: (x) => chip(x) },
+        { label: "Severity", get: (x) => h("span", { class: `sev ${x.severity}` }, x.severity) },
         { label: "Job", get: (x) => h("a", { href: jobHref(x.cluster, x.job_id) }, x.job_id) },
         { label: "User", get: (x) => x.user ?? dash },
         { label: "Wasted GPU-h", n: true, get: (x) => gh(x.wasted_gpu_hours) },
-        { label: "Suggestion", wrap: true, get: (x) => x.suggestion },
-      ], f.data) : h("p", { class: "muted" }, "No open flags."),
+        { label: "Suggestion", wrap: true, get: (x) => h("span", { class: "clamp", title: x.suggestion }, x.suggestion) },
+      ], f.data, { class: "openflags" }) : h("p", { class: "muted" }, "No open flags."),
       f.count > f.data.length ? h("p", {}, h("a", { href: "/flags" }, `all ${f.count} open flags →`)) : null);
     }
 
@@ -298,10 +301,9 @@
   async function flagsPage() {
     await kindsReady;
     const p = new URLSearchParams(location.search);
-    const f = { open: p.get("open") ?? "true", kind: p.get("kind") || "", severity: p.get("severity") || "", sort: p.get("sort") || "waste" };
-    const SEV = { critical: 0, warning: 1, info: 2 };
-    const sorters = { waste: null, newest: (a, b) => b.start_ts - a.start_ts,  // waste: the API's own order
-      severity: (a, b) => (SEV[a.severity] ?? 9) - (SEV[b.severity] ?? 9) || (b.wasted_gpu_hours || 0) - (a.wasted_gpu_hours || 0) };
+    const f = { open: p.get("open") ?? "true", kind: p.get("kind") || "", severity: p.get("severity") || "", sort: p.get("sort") || "severity" };
+    // severity (then waste) and waste come from the API's own order, across pages; newest sorts the page
+    const sorters = { severity: null, waste: null, newest: (a, b) => b.start_ts - a.start_ts };
     // One line of evidence (evidence.js): the measured cause, then the first three numbers the
     // registry labels, with their units; unlabelled keys read as words, long lists as counts.
     const evLine = (x) => EV.line(x.kind, x.evidence, 3);
@@ -312,12 +314,12 @@
       sel("open", "Status", [["true", "open"], ["false", "resolved"], ["", "all"]]),
       sel("kind", "Kind", kindOptions()),
       sel("severity", "Severity", [["", "any"], ...(KINDS.severities || ["critical", "warning", "info"]).slice().reverse().map((v) => [v, v])]),
-      sel("sort", "Sort", [["waste", "most wasteful"], ["severity", "severity"], ["newest", "newest"]])), out);
+      sel("sort", "Sort", [["severity", "most severe"], ["waste", "most wasteful"], ["newest", "newest"]])), out);
     async function load() {
       history.replaceState(null, "", `/flags?${qs(f)}`);
-      const r = await api(`/api/v1/flags?${qs({ open: f.open, kind: f.kind, severity: f.severity, limit: 200 })}`);
+      const r = await api(`/api/v1/flags?${qs({ open: f.open, kind: f.kind, severity: f.severity, limit: 200, sort: f.sort === "waste" ? "waste" : "severity" })}`);
       if (sorters[f.sort]) r.data.sort(sorters[f.sort]);
-      fill(out, h("p", { class: "muted" }, `${r.count} flags${r.count > r.data.length ? `, showing the ${r.data.length} most wasteful` : ""}`),
+      fill(out, h("p", { class: "muted" }, `${F.plural(r.count, "flag", "flags")}${r.count > r.data.length ? `, showing the first ${r.data.length}` : ""}`),
         r.data.length ? table([
           { label: "Flag", get: (x) => chip(x) },
           { label: "Severity", get: (x) => h("span", { class: `sev ${x.severity}` }, x.severity) },
@@ -336,7 +338,7 @@
   }
 
   const pages = { fleet: fleetPage, jobs: jobsPage, job: jobPage, flags: flagsPage,
-    node: () => window.gpufleetNodePage({ root, cfg, h, fill, api, table, when, pct, num, dash, enc, jobHref, state }).then(done),  // node.js
+    node: () => window.gpufleetNodePage({ root, cfg, h, fill, api, table, when, pct, num, dash, enc, jobHref, state, chip, kindTitle, kindsReady }).then(done),  // node.js
     gpu: () => window.gpufleetGpuPage({ root, cfg, h, fill, api, table, kpi, when, pct, num, dash, enc, jobHref, nodeHref }).then(done) };  // gpu.js
   // The registry loads alongside each page's own data; pages await it only before they draw.
   (pages[cfg.page] || fleetPage)().catch(fail);

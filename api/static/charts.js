@@ -111,7 +111,7 @@
       legend: { show: false },
       cursor: { points: { show: false }, sync: { key: "job" }, drag: { x: true, y: false } },
       scales: { x: { time: true }, y: { range: () => yr } },
-      axes: [{ ...AXIS, space: 70 }, { ...AXIS, size: spec.axisSize || 60, values: (u, vals) => vals.map(spec.fmt) }],
+      axes: [{ ...AXIS, space: 70, values: window.gpufleetFmt.TIME_AXIS }, { ...AXIS, size: spec.axisSize || 60, values: (u, vals) => vals.map(spec.fmt) }],
       series,
       hooks: {
         setScale: [(u, key) => { if (key === "x" && !applying && spec.timeline) spec.timeline.set(u.scales.x.min, u.scales.x.max, member); }],

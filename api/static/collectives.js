@@ -27,7 +27,7 @@
     const data = [xs, ...shown.map((s) => { const m = new Map(s.t.map((t, i) => [t, s.busbw_gbs_p50[i]])); return xs.map((t) => m.get(t) ?? null); })];
     const opts = { width: Math.max(320, (el.clientWidth || 900) - 20), height: 220, legend: { show: false },
       series: [{}, ...shown.map((s, i) => ({ label: label(s), stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: false }))],
-      axes: [{ stroke: "#8b949e" }, { stroke: "#8b949e", size: 56 }] };
+      axes: [{ stroke: "#8b949e", values: window.gpufleetFmt.TIME_AXIS }, { stroke: "#8b949e", size: 56 }] };
     new uPlot(opts, data, box);
   }
 
@@ -77,7 +77,7 @@
       const bad = (rate !== null && top !== null && rate < 0.9 * top) || (last(n.state) && last(n.state) !== "ACTIVE");
       return h("tr", { class: bad ? "bad" : "" },
         h("td", {}, n.node), h("td", {}, n.nic), h("td", {}, n.gpus.length ? n.gpus.join(", ") : dash),
-        h("td", { class: "n" }, rate === null ? dash : `${num(rate)} Gb/s${top !== null && rate < top ? ` (was ${num(top)})` : ""}`),
+        h("td", { class: "n" }, rate === null ? dash : `${window.gpufleetFmt.linkRate(rate)}${top !== null && rate < top ? ` (was ${window.gpufleetFmt.linkRate(top)})` : ""}`),
         h("td", {}, last(n.state) ?? dash), h("td", { class: "n" }, num(max(n.xmit_wait_per_s))),
         h("td", { class: "n" }, num(sum(n.errors))));
     });
@@ -100,7 +100,7 @@
         const bad = (rate !== null && top !== null && rate < 0.9 * top) || (last(n.state) && last(n.state) !== "ACTIVE") || errs(n.counters_total);
         return h("tr", { class: bad ? "bad" : "" }, h("td", {}, n.nic), h("td", {}, n.link_layer ?? dash),
           h("td", {}, (n.gpus || []).map((g) => `GPU ${g.index}`).join(", ") || dash),
-          h("td", { class: "n" }, rate === null ? dash : `${num(rate)} Gb/s${top !== null && rate < top ? ` (was ${num(top)})` : ""}`),
+          h("td", { class: "n" }, rate === null ? dash : `${window.gpufleetFmt.linkRate(rate)}${top !== null && rate < top ? ` (was ${window.gpufleetFmt.linkRate(top)})` : ""}`),
           h("td", {}, last(n.state) ?? dash), h("td", { class: "n" }, last(n.tx_bytes_s) === null ? dash : `${num(last(n.tx_bytes_s) / 1e9, 1)} GB/s`),
           h("td", { class: "n" }, num(max(n.xmit_wait_per_s))), h("td", {}, errs(n.counters_total) || "0"));
       }))));

@@ -20,12 +20,7 @@
     return words(e.kind);
   }
 
-  const pad = (n) => String(n).padStart(2, "0");
-  function when(ts) {
-    if (!ts) return dash;
-    const d = new Date(ts * 1000);
-    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
-  }
+  const when = (ts) => window.gpufleetFmt.when(ts, true);  // one date format on every page (fmt.js)
 
   /* events: [{ts, kind, code, message, gpu_uuid, gpu_index, node?}]; opts: { id, gpuColumn,
    * nodeColumn, empty } */

@@ -184,7 +184,9 @@
       const more = (l) => (noun(l, sp) === "items" ? `${text({ unit: sp.of || "" }, l.slice(0, 2))} +${l.length - 2}` : `${l.length} ${noun(l, sp)}`);
       const value = Array.isArray(v) ? (v.length > 2 ? more(v) : text({ unit: sp.of || "" }, v))
         : isUuid(v) ? shortUuid(v) : text(sp, v);
-      return `${sp.label} ${value}`;
+      // "8 GPUs", not "GPUs 8 GPUs": a count that names its noun needs no label before it
+      const counted = Array.isArray(v) && v.length > 2 && noun(v, sp) !== "items";
+      return counted && sp.label.toLowerCase() === noun(v, sp).toLowerCase() ? value : `${sp.label} ${value}`;
     });
     const cause = evidence && typeof evidence.cause === "string" ? [`cause ${words(evidence.cause)}`] : [];
     return [...cause, ...parts].join(" · ") || dash;

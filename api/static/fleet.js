@@ -35,7 +35,7 @@
     return sel;
   }
 
-  const gh = (v) => (v === null || v === undefined ? dash : v >= 100 ? v.toFixed(0) : v.toFixed(1));
+  const gh = (v) => window.gpufleetFmt.gh(v);  // one rounding rule (fmt.js)
 
   function money(v) {
     if (v === null || v === undefined || !Number.isFinite(v)) return null;
@@ -62,7 +62,7 @@
     const p = price(cluster);
     const value = alloc === null || alloc === undefined ? gh(wasted) : `${gh(wasted)} of ${gh(alloc)}`;
     const parts = [`GPU-hours wasted of GPU-hours allocated to jobs, last ${W.label}`];
-    if (alloc) parts.push(`${((100 * (wasted || 0)) / alloc).toFixed(1)}% of allocated`);
+    if (alloc) parts.push(`${window.gpufleetFmt.pct((wasted || 0) / alloc, 1)} of allocated`);
     if (p !== null && wasted !== null && wasted !== undefined) parts.push(`${money(wasted * p)} at ${money(p)}/GPU-h`);
     const el = document.createElement("span");
     el.className = "waste-of";

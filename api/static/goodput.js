@@ -6,14 +6,14 @@
 (() => {
   const dash = "–";
   const { h } = window.gpufleetDom; // api/static/dom.js
-  const pct = (v) => (v === null || v === undefined ? dash : `${(100 * v).toFixed(1)}%`);
+  const pct = (v) => window.gpufleetFmt.pct(v, 1);  // one rounding rule (fmt.js)
   const secs = (v) => {
     if (v === null || v === undefined) return dash;
     if (v < 120) return `${v.toFixed(1)} s`;
     if (v < 7200) return `${(v / 60).toFixed(1)} min`;
     return `${(v / 3600).toFixed(2)} h`;
   };
-  const num = (v, d = 0) => (v === null || v === undefined ? dash : Number(v).toFixed(d));
+  const num = (v, d = 0) => window.gpufleetFmt.num(v, d);
   const CAUSE_LABEL = {
     init: "init", compile: "compile", data_wait: "data wait", checkpoint_save: "checkpoint save",
     checkpoint_load: "checkpoint load", eval: "eval", restart_lost: "lost to restarts", idle: "idle (no process)",
@@ -46,7 +46,7 @@
       points: { show: xs.length < 30 } }))];
     // eslint-disable-next-line no-new
     new uPlot({ width: Math.max(320, box.clientWidth || 640), height: 200, series, legend: { show: false },
-      axes: [{ stroke: "#8b949e" }, { stroke: "#8b949e", size: 56 }] }, data, box);
+      axes: [{ stroke: "#8b949e", values: window.gpufleetFmt.TIME_AXIS }, { stroke: "#8b949e", size: 56 }] }, data, box);
   }
 
   window.gpufleetGoodput = async (el, base, cluster, job) => {
@@ -64,7 +64,7 @@
       kpi("Tokens/s", num(g.tokens_per_s, 0), g.tokens_per_gpu_s === null ? "" : `${num(g.tokens_per_gpu_s, 0)} per GPU`),
       kpi("MFU", pct(g.mfu), g.achieved_tflops === null ? "FLOPs per step not reported" : `${num(g.achieved_tflops, 2)} TFLOP/s achieved`),
       kpi("Step time", g.step_time_p50_s === null ? dash : `${num(g.step_time_p50_s, 3)} s`, `p95 ${num(g.step_time_p95_s, 3)} s`),
-      kpi("Restarts", `${g.restarts}`, g.lost_steps ? `${g.lost_steps} steps redone` : "")));
+      kpi("Restarts", `${g.restarts}`, g.lost_steps ? `${window.gpufleetFmt.plural(g.lost_steps, "step", "steps")} redone` : "")));
     el.append(h("h3", {}, "Where the allocated time went"), badputBars(g));
     const finds = g.findings || [];
     // titles, labels and units from the registry (evidence.js); a kind it lacks shows its name

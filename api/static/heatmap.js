@@ -16,8 +16,7 @@
     const x = (i / 255) * (STOPS.length - 1), k = Math.min(STOPS.length - 2, Math.floor(x)), f = x - k;
     for (let c = 0; c < 3; c++) LUT[i * 3 + c] = Math.round(STOPS[k][c] + f * (STOPS[k + 1][c] - STOPS[k][c]));
   }
-  const pad = (n) => String(n).padStart(2, "0");
-  const hhmm = (ts) => { const d = new Date(ts * 1000); return `${d.getMonth() + 1}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}`; };
+  const hhmm = (ts) => window.gpufleetFmt.when(ts);  // one date format on every page (fmt.js)
 
   window.gpufleetHeatmap = function (el, o) {
     const G = o.gpus.length, n = o.t.length;

@@ -117,17 +117,19 @@
     const timeline = C.timeline(t0, t1);
     const limits = (tl && tl.limits) || {};
 
-    // ---- which GPUs the flags name: a scope or evidence value that is a GPU's UUID (or its
-    // prefix) or a node's name
+    // ---- which GPUs the flags name: the GPUs a flag singles out (its scope when a GPU, the
+    // evidence's gpu_uuid, the items of its gpus list, hw_fault's objects included), so a node
+    // fault on one GPU marks that GPU, not the node's other seven; a node-scoped flag naming no
+    // GPU marks the node's GPUs (the straggler node, a degraded NIC's node)
     const flagged = new Map();  // GPU position -> kind titles
+    const uuidOf = (v) => (typeof v === "string" ? v : v && typeof v === "object" && typeof v.gpu_uuid === "string" ? v.gpu_uuid : null);
     for (const f of j.flags) {
-      const names = [f.scope, ...Object.values(f.evidence || {}).flatMap((v) => (Array.isArray(v) ? v : [v]))]
-        .filter((v) => typeof v === "string" && v.length >= 4);
-      ts.gpus.forEach((g, i) => {
-        if (names.some((n) => n === g.node || (n.length >= 8 && g.uuid.startsWith(n)))) {
-          flagged.set(i, [...(flagged.get(i) || []), c.kindTitle(f.kind)]);
-        }
-      });
+      const ev = f.evidence || {};
+      const named = [f.scope, ev.gpu_uuid, ...(Array.isArray(ev.gpus) ? ev.gpus : [])].map(uuidOf)
+        .filter((u) => u && /^(GPU|MIG)-/.test(u));
+      const hit = (g) => (named.length ? named.some((u) => g.uuid === u || (u.length >= 8 && g.uuid.startsWith(u)))
+        : f.scope && f.scope === g.node);
+      ts.gpus.forEach((g, i) => { if (hit(g)) flagged.set(i, [...(flagged.get(i) || []), c.kindTitle(f.kind)]); });
     }
     const label = (g) => `${g.node}:${g.index}`;
     const hue = (i) => Math.round((i * 360) / Math.max(1, G)) % 360;
@@ -295,11 +297,11 @@
         const keys = h("div", { class: "keys" }, ports.map((p, i) => h("span", {}, h("i", { style: { background: `hsl(${(i * 360) / ports.length}, 65%, 60%)` } }),
           `${p.node}:${p.nic}${p.gpus && p.gpus.length ? ` (GPU ${p.gpus.map((g) => g.index).join(",")})` : ""}`,
           // a port trained below the fastest one says so: the capacity line is the fastest's
-          lastRate(p) !== null && lastRate(p) < top ? h("b", { class: "slow-port" }, ` at ${num(lastRate(p), 0)} Gb/s`) : null)));
+          lastRate(p) !== null && lastRate(p) < top ? h("b", { class: "slow-port" }, ` at ${window.gpufleetFmt.linkRate(lastRate(p))}`) : null)));
         nicEl.append(h("div", { class: "chart", id: `nic-${key}` }, h("div", { class: "ct" }, h("b", {}, title)), el, keys));
         const u = C.chart(el, { t: tx, fmt: rate, timeline, events, axisSize: 72, width: widthOf(el),
           lines: ports.map((p, i) => ({ label: `${p.node}:${p.nic}`, color: `hsl(${(i * 360) / ports.length}, 65%, 60%)`, values: place(p, key) })),
-          capacities: top ? [{ value: (top * 1e9) / 8, label: `link rate ${num(top, 0)} Gb/s` }] : [] });
+          capacities: top ? [{ value: (top * 1e9) / 8, label: `link rate ${window.gpufleetFmt.linkRate(top)}` }] : [] });
         built.push({ u, field: key });
       }
       state.nicCharts = ports.length;

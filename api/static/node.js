@@ -13,8 +13,40 @@
   ];
   const RANGES = [["6 h", 6 * 3600], ["24 h", 86400], ["7 d", 7 * 86400]];
 
+  // The drain advice: the most severe open flag whose suggestion says to drain, the GPUs it
+  // names and the command with this node's name (GET /api/v1/nodes/{name} "drain").
+  function drainBox(n) {
+    const { h } = window.gpufleetDom;
+    const d = n.drain;
+    if (!d) return null;
+    const gpus = (d.gpus || []).map((g) => `GPU ${g.index}`).join(", ");
+    return h("div", { class: `drain sev-${d.severity}`, id: "drain-advice" },
+      h("b", {}, `Drain advised: ${d.severity}`), ` · job ${d.job_id}${gpus ? ` · ${gpus}` : ""}`,
+      h("div", {}, d.suggestion), h("code", {}, d.command));
+  }
+
+  function flagTable(n) {
+    const { h } = window.gpufleetDom;
+    const F = window.gpufleetFmt;
+    const flags = n.flags || [];
+    if (!flags.length) return h("p", { class: "muted", id: "node-flags" }, "No open flags on this node or its GPUs.");
+    const tbl = document.createElement("div");
+    tbl.id = "node-flags";
+    const rows = flags.map((f) => h("tr", { "data-kind": f.kind },
+      h("td", {}, h("span", { class: `chip ${f.severity}`, "data-kind": f.kind, title: f.kind }, (window.gpufleetFlagTitle || ((k) => k))(f.kind))),
+      h("td", {}, h("span", { class: `sev ${f.severity}` }, f.severity)),
+      h("td", {}, (f.gpus || []).length ? f.gpus.map((g) => `GPU ${g.index}`).join(", ") : "node"),
+      h("td", {}, h("a", { href: `/jobs/${encodeURIComponent(f.job_id)}?cluster=${encodeURIComponent(f.cluster)}` }, f.job_id)),
+      h("td", {}, F.when(f.start_ts)), h("td", { class: "n" }, F.gh(f.wasted_gpu_hours)),
+      h("td", { class: "wrap" }, f.suggestion)));
+    tbl.className = "tw";
+    tbl.append(h("table", { class: "nodeflags" }, h("thead", {}, h("tr", {}, ["Flag", "Severity", "Where", "Job", "Since", "Wasted GPU-h", "Suggestion"]
+      .map((x) => h("th", { class: x === "Wasted GPU-h" ? "n" : "" }, x)))), h("tbody", {}, rows)));
+    return tbl;
+  }
+
   window.gpufleetNodePage = async function (t) {
-    const { root, cfg, h, fill, api, table, when, pct, num, dash, enc, jobHref, state } = t;
+    const { root, cfg, h, fill, api, table, when, pct, num, dash, enc, jobHref, state, chip } = t;
     const { name, cluster } = cfg.args;
     const base = `/api/v1/nodes/${enc(name)}`;
     const C = window.gpufleetCharts, E = window.gpufleetEvents;
@@ -23,6 +55,7 @@
     let tsReq = seriesReq(range);
     tsReq.catch(() => null);  // a 404 is reported once, by the detail call
     const n = await api(`${base}?${new URLSearchParams({ cluster })}`);
+    if (t.kindsReady) await t.kindsReady;  // flag titles from the registry
     if (window.gpufleetXid) await window.gpufleetXid.ready;  // XID meanings (xid.js)
     const thr = (g) => g.throttle;
     const legend = h("div", { class: "gpu-legend", id: "node-legend" });
@@ -34,6 +67,8 @@
       h("div", { class: "meta" }, h("span", {}, "cluster ", h("b", {}, n.cluster)), h("span", {}, "agent ", h("b", {}, n.agent_version ?? dash)),
         h("span", {}, "last seen ", h("b", {}, when(n.last_seen))), h("span", {}, `${n.gpus.length} GPUs`),
         Object.entries(n.labels || {}).map(([k, v]) => h("span", { class: "chip" }, `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`))),
+      drainBox(n),
+      h("h2", {}, "Open flags on this node"), flagTable(n),
       h("h2", {}, "GPUs"),
       h("div", { class: "scrollx" }, table([
         { label: "GPU", n: true, get: (g) => g.index },
@@ -41,6 +76,8 @@
         { label: "UUID", get: (g) => h("a", { class: "trunc", title: g.uuid, href: `/gpus/${enc(g.uuid)}` }, g.uuid) },
         { label: "Job", get: (g) => (g.job ? h("a", { href: jobHref(g.job.cluster, g.job.job_id) }, g.job.job_id) : dash) },
         { label: "User", get: (g) => h("span", { class: "trunc", title: g.job?.user ?? "" }, g.job?.user ?? dash) },
+        // only the GPUs a flag names are marked: a node's fault on GPU 3 leaves GPUs 0-2 and 4-7 clean
+        { label: "Flags", get: (g) => (g.flags || []).map((f) => chip(f)) },
         { label: "SM now", n: true, get: (g) => pct(g.current?.sm_active) },
         { label: "Tensor now", n: true, get: (g) => pct(g.current?.tensor_active) },
         { label: "Power", n: true, get: (g) => (g.current ? `${num(g.current.power_w, 0)} W` : dash) },

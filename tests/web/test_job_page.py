@@ -187,7 +187,7 @@ def test_job_page_nic_charts_with_link_rate(web: tuple[Page, Seeded], sqlite_url
     pg.wait_for_function("() => window.__gpufleet.nicCharts !== undefined")
     assert pg.evaluate("() => window.__gpufleet.nicCharts") == 2
     keys = pg.locator("#nic-tx_bytes_s .keys").inner_text()
-    assert "node-a:mlx5_0 (GPU 0)" in keys and "node-a:mlx5_1 at 200 Gb/s" in keys
+    assert "node-a:mlx5_0 (GPU 0)" in keys and "node-a:mlx5_1 at 25 GB/s" in keys  # 200 Gb/s in GB/s
     assert "mlx5_0 (GPU 0) at" not in keys  # the port at the top rate is not called out
     # the NIC charts join the shared range: the picker moves them too
     pg.locator("#range-picker button[data-range='1h']").click()

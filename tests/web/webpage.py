@@ -38,3 +38,18 @@ class Page:
         out = SCREENSHOTS / f"{name}.png"
         self.page.screenshot(path=str(out), full_page=True)
         return out
+
+
+def rounded(v: float, d: int = 0) -> str:
+    """api/static/fmt.js's one rounding rule: half away from zero on the shortest decimal form."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return str(Decimal(repr(float(v))).quantize(Decimal(1).scaleb(-d), rounding=ROUND_HALF_UP))
+
+
+def pct(v: float | None, d: int = 0) -> str:
+    return "–" if v is None else f"{rounded(v * 100, d)}%"
+
+
+def gh(v: float | None) -> str:
+    return "–" if v is None else rounded(v, 0 if abs(v) >= 100 else 1)

@@ -1,6 +1,8 @@
 // Silences page: list (viewer), create and expire (operator). Changes go through
 // window.gpufleetFetch, which adds the session's CSRF token. Every value is set as text.
 "use strict";
+// local time, YYYY-MM-DD HH:MM: the dashboard's one date format (api/static/fmt.js)
+const localWhen = ((t) => { const d = new Date(t * 1000), p = (n) => String(n).padStart(2, "0"); return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}`; });
 (function () {
   const tbody = document.querySelector("table.silences tbody");
   const err = document.getElementById("silence-error");
@@ -20,7 +22,7 @@
       const tr = document.createElement("tr");
       tr.dataset.id = s.id;
       tr.append(cell(s.id), cell(s.job), cell(s.user), cell(s.kind), cell(s.cluster), cell(s.reason),
-        cell(s.created_by), cell(new Date(s.expires_at * 1000).toISOString().replace("T", " ").slice(0, 16)));
+        cell(s.created_by), cell(localWhen(s.expires_at)));
       const td = document.createElement("td");
       if (can) {
         const b = document.createElement("button");

@@ -7,7 +7,8 @@
     try { const j = await r.json(); return typeof j.detail === "string" ? j.detail : JSON.stringify(j.detail); }
     catch { return `${r.status} ${r.statusText}`; }
   };
-  const when = (t) => (t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 16) : "");
+  // local time, YYYY-MM-DD HH:MM: the dashboard's one date format (api/static/fmt.js)
+  const when = (t) => (t ? ((t) => { const d = new Date(t * 1000), p = (n) => String(n).padStart(2, "0"); return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}`; })(t) : "");
   function cell(text) { const td = document.createElement("td"); td.textContent = text == null ? "" : String(text); return td; }
   async function load() {
     const tbody = document.querySelector("table.tokens tbody");

@@ -1,0 +1,145 @@
+"""Every number the fleet, jobs, job, flags and node pages render, read back from a real Chromium
+and checked against the JSON API with the pages' one rounding rule (api/static/fmt.js), and
+severity before waste (issue 35 item 3): a critical hardware fault that claims no GPU-hours is
+first on the flags page and in the fleet's open flags, its node and only its faulted GPU are
+marked, and the node page gives the drain advice. Screenshots at 1440 px go to
+artifacts/screenshots/."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from apiseed import Seeded
+from webpage import Page, gh, pct, rounded
+
+pytestmark = pytest.mark.browser
+
+
+def _fault(sqlite_url: str, s: Seeded) -> str:
+    """A critical XID 79 on node-a's GPU 2 (job 1001), claiming no waste, and a warning that
+    claims more than any flag: ordered by waste, the fault would come last."""
+    from sqlalchemy import insert
+
+    from gpufleet.flagkinds import flag_kinds
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.models import Flag
+
+    uuid = s.gpu_uuids["node-a"][2]
+    ev = {"gpus": [{"gpu_uuid": uuid, "xid": 79, "event_fell_off_bus": 1}], "critical_xids": [79],
+          "cause": "fell_off_bus"}
+    e = make_engine(sqlite_url)
+    with e.begin() as c:
+        c.execute(insert(Flag).values(job_pk=s.jobs["1001"]["pk"], kind="hw_fault", scope="node-a", severity="critical",
+                                      start_ts=s.now - 600, end_ts=s.now, wasted_gpu_hours=0.0, evidence=ev,
+                                      suggestion=flag_kinds().get("hw_fault").suggestion_with(ev), open=True,
+                                      opened_at=s.now - 600))
+        c.execute(insert(Flag).values(job_pk=s.jobs["1001"]["pk"], kind="straggler", scope="node-a",
+                                      severity="warning", start_ts=s.start, end_ts=s.now, wasted_gpu_hours=5.0,
+                                      evidence={"gpus": s.gpu_uuids["node-a"]}, suggestion="drain or check the node",
+                                      open=True, opened_at=s.start))
+    e.dispose()
+    return uuid
+
+
+def _col(pg: Any, table: str, name: str) -> list[str]:
+    heads = [t.strip().lower() for t in pg.locator(f"{table} thead th").all_inner_texts()]
+    i = heads.index(name.lower())
+    return [t.strip() for t in pg.locator(f"{table} tbody tr td:nth-child({i + 1})").all_inner_texts()]
+
+
+def _get(p: Page, path: str) -> Any:
+    r = p.page.context.request.get(p.base + path)
+    assert r.ok, (path, r.status)
+    return r.json()
+
+
+def test_severity_first_and_numbers_match_the_api(web: tuple[Page, Seeded], sqlite_url: str) -> None:
+    p, s = web
+    faulted = _fault(sqlite_url, s)
+    flags = _get(p, "/api/v1/flags?open=true&limit=200")["data"]
+    rank = {"critical": 0, "warning": 1, "info": 2}
+    assert [rank[f["severity"]] for f in flags] == sorted(rank[f["severity"]] for f in flags)
+    assert "hw_fault" in [f["kind"] for f in flags if f["severity"] == "critical"]
+    by_waste = _get(p, "/api/v1/flags?open=true&limit=200&sort=waste")["data"]
+    assert by_waste[0]["kind"] == "straggler" and by_waste[-1]["kind"] == "hw_fault"  # the old order buried it
+    page1 = _get(p, "/api/v1/flags?open=true&limit=2")  # the keyset pages through the same order
+    page2 = _get(p, f"/api/v1/flags?open=true&limit=200&cursor={page1['next_cursor']}")
+    assert [f["id"] for f in page1["data"] + page2["data"]] == [f["id"] for f in flags]
+
+    # ---- flags page: the API's rows in the API's order, every number as the API has it
+    pg = p.open("/flags")
+    assert [x.lower() for x in _col(pg, "table.flagtable", "Severity")] == [f["severity"] for f in flags]
+    assert pg.locator("table.flagtable tbody tr td:first-child .chip").evaluate_all(
+        "els => els.map(e => e.dataset.kind)") == [f["kind"] for f in flags]
+    assert _col(pg, "table.flagtable", "Job") == [f["job_id"] for f in flags]
+    assert _col(pg, "table.flagtable", "Wasted GPU-h") == [gh(f["wasted_gpu_hours"]) for f in flags]
+    p.shot("numbers-flags")
+
+    # ---- fleet page: KPIs, waste by cause, open flags (most severe first), the grid's marks
+    summ = _get(p, "/api/v1/fleet/summary?window=24h")
+    pg = p.open("/")
+    kpis = {k.locator(".l").inner_text().strip().lower(): k.locator(".v").inner_text().strip()
+            for k in pg.locator(".kpi").all()}
+    assert kpis["sm active now"] == pct(summ["current"]["sm_active"])
+    assert kpis["tensor active 24 h"] == pct(summ["window"]["tensor_active"])
+    assert kpis["gpus reporting"] == f"{summ['gpus_reporting']} / {summ['gpus']}"
+    assert kpis["gpus allocated"] == str(summ["gpus_allocated"])
+    assert kpis["wasted gpu-h 24 h (of allocated)"].startswith(
+        f"{gh(summ['wasted_gpu_hours_total'])} of {gh(summ['allocated_gpu_hours'])}")
+    assert kpis["open flags"].startswith(str(sum(summ["open_flags"].values())))
+    assert f"{summ['open_flags']['critical']} critical" in kpis["open flags"].lower()
+    bars = {b.get_attribute("data-kind"): b.locator(".n").inner_text() for b in pg.locator(".bars .bar").all()}
+    assert bars == {k: gh(v) for k, v in summ["wasted_gpu_hours"].items() if v > 0}
+    kinds = "els => els.map(e => e.dataset.kind)"
+    shown = pg.locator("table.openflags tbody tr td:first-child .chip").evaluate_all(kinds)
+    assert shown == [f["kind"] for f in flags[:15]] and shown[0] in ("hw_fault", "idle_gpu")
+    assert _col(pg, "table.openflags", "Wasted GPU-h") == [gh(f["wasted_gpu_hours"]) for f in flags[:15]]
+    cells = pg.locator("#gpu-grid .cell.flagged.sev-critical")
+    assert cells.evaluate_all("els => els.map(e => e.dataset.gpu)") == [faulted]  # only the faulted GPU
+    assert pg.locator('#gpu-grid .node.sev-critical').evaluate_all("els => els.map(e => e.dataset.node)") == ["node-a"]
+    p.shot("numbers-fleet")
+
+    # ---- jobs page: wasted GPU-h and score per row
+    jobs = _get(p, "/api/v1/jobs?limit=100&sort=start&order=desc")["data"]
+    pg = p.open("/jobs")
+    assert _col(pg, "table.jobs", "Job") == [j["job_id"] for j in jobs]
+    assert _col(pg, "table.jobs", "Wasted GPU-h") == [gh(j["wasted_gpu_hours"]) for j in jobs]
+    assert _col(pg, "table.jobs", "Score") == [pct(j["goodput_score"]) for j in jobs]
+    assert _col(pg, "table.jobs", "GPUs") == [str(j["n_gpus"]) for j in jobs]
+    p.shot("numbers-jobs")
+
+    # ---- job page: its KPIs; the fault marks GPU node-a:2 alone (the straggler names the node's GPUs)
+    j = _get(p, "/api/v1/jobs/1001?cluster=default")
+    pg = p.open("/jobs/1001?cluster=default")
+    kp = {k.locator(".l").inner_text().strip().lower(): k.locator(".v").inner_text().strip()
+          for k in pg.locator(".kpis").first.locator(".kpi").all()}
+    assert kp["allocated gpu-h"] == gh(j["summary"]["allocated_gpu_hours"])
+    assert kp["wasted gpu-h"] == gh(j["summary"]["wasted_gpu_hours"])
+    assert kp["goodput score"] == pct(j["summary"]["goodput_score"])
+    fault_marks = pg.locator("#gpu-legend .lg", has_text="Hardware fault").evaluate_all(
+        "els => els.map(e => e.dataset.gpu)")
+    assert fault_marks == [faulted]
+    width = pg.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert width[0] <= width[1], f"the job page scrolls sideways at 1440 px: {width}"
+    p.shot("numbers-job")
+
+    # ---- node page: the open flags on its GPUs, the drain advice, only GPU 2 marked
+    node = _get(p, "/api/v1/nodes/node-a?cluster=default")
+    assert node["flags"][0]["kind"] == "hw_fault" and node["drain"]["kind"] == "hw_fault"
+    assert [g["index"] for g in node["drain"]["gpus"]] == [2]
+    pg = p.open("/nodes/node-a?cluster=default")
+    assert pg.locator("#node-flags tbody tr").evaluate_all("els => els.map(e => e.dataset.kind)") == \
+        [f["kind"] for f in node["flags"]]
+    assert _col(pg, "#node-flags", "Where")[0] == "GPU 2"
+    drain = pg.locator("#drain-advice").inner_text()
+    assert "scontrol update nodename=node-a state=drain" in drain and "GPU 2" in drain
+    flag_cells = _col(pg, "table.gpus", "Flags")
+    assert ["Hardware fault" in c for c in flag_cells] == [g["index"] == 2 for g in node["gpus"]]
+    p.shot("numbers-node")
+    assert p.errors == []
+
+
+def test_one_rounding_rule() -> None:
+    """The Python mirror of fmt.js: 0.2795 is 28.0% (toFixed alone says 27.9%), 0.125 is 13%."""
+    assert pct(0.2795, 1) == "28.0%" and pct(0.125) == "13%" and rounded(2.25, 1) == "2.3" and gh(123.5) == "124"
