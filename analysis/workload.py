@@ -20,7 +20,10 @@ import numpy as np
 
 from gpufleet.flagkinds import WORKLOAD_CLASSES
 
+from .restarts import restarts
 from .windows import masked_median
+
+CRASH_LOOP_RESTARTS = 3  # restarts that make a loop (thresholds.toml [crash_loop] min_restarts' default)
 
 OVERRIDE_LABELS = ("gpufleet.io/workload", "workload-class", "workload_class")
 OWNER_KINDS = {
@@ -100,11 +103,17 @@ def _percentile(s: list[float], q: float) -> float:
     return b - d * (1 - gamma) if gamma >= 0.5 else a + d * gamma  # numpy's _lerp
 
 
-def from_pattern(busy_frac: np.ndarray, valid: np.ndarray) -> WorkloadClass | None:
+def from_pattern(busy_frac: np.ndarray, valid: np.ndarray, fb_used: np.ndarray | None = None) -> WorkloadClass | None:
     """Request-driven or not, from the busy share of the GPUs' windows (G x K), for jobs whose
     metadata names no class. A training loop that alternates (an input stall) does so at its
     step's rhythm, so its windows' busy share stays put; a replica's follows its traffic, which
-    swings (diurnal, bursts). Steady alternation stays undecided: it may be either."""
+    swings (diurnal, bursts). Steady alternation stays undecided: it may be either.
+
+    ``fb_used`` (G x M, GPU memory per minute): a job whose memory keeps going back to zero is
+    restarting (``analysis/restarts.py``), and its busy share swings because it keeps dying,
+    not because requests come and go: undecided, never ``serving``."""
+    if fb_used is not None and len(restarts(fb_used)) >= CRASH_LOOP_RESTARTS:
+        return None
     # masked_median, not np.nanmedian (masked arrays: 50x slower here); all-NaN windows: no
     # data, NaN, skipped below.
     per_window = masked_median(busy_frac, valid) if busy_frac.size else busy_frac

@@ -53,6 +53,9 @@ class FabricView:
     rails: dict[str, list[str]] = field(default_factory=dict)  # GPU uuid -> NICs ("mlx5_0/1")
     first_ts: float = 0.0
     last_ts: float = 0.0
+    # GPU uuid -> how its agent mapped HCAs to it (pcie | numa | node): "node" means each GPU's
+    # ib_* fields carry the whole node's traffic (catalog.toml), not its own.
+    rail_modes: dict[str, str] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not self.colls and not self.nics

@@ -45,9 +45,12 @@ def load_fabric(conn: Connection, job_pk: int, until: float | None = None) -> Fa
     nics = [NicRow(float(r[0]), r[1], r[2], float(r[3]), r[4], r[5], r[6], r[7], dict(r[8] or {})) for r in nic_rows]
     gn = GpuNicRow.__table__
     rails: dict[str, list[str]] = {}
+    modes: dict[str, str] = {}
     if node_ids:
-        for uuid, nic in conn.execute(select(g.c.uuid, gn.c.nic).select_from(gn.join(g, g.c.id == gn.c.gpu_pk))
-                                      .where(gn.c.node_id.in_(node_ids)).order_by(g.c.uuid, gn.c.nic)):
+        for uuid, nic, mode in conn.execute(
+                select(g.c.uuid, gn.c.nic, gn.c.mode).select_from(gn.join(g, g.c.id == gn.c.gpu_pk))
+                .where(gn.c.node_id.in_(node_ids)).order_by(g.c.uuid, gn.c.nic)):
             rails.setdefault(uuid, []).append(nic)
+            modes[uuid] = mode
     ts = [c.ts for c in colls]
-    return FabricView(colls, nics, rails, min(ts), max(ts) + 10.0)
+    return FabricView(colls, nics, rails, min(ts), max(ts) + 10.0, modes)

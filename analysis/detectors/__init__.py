@@ -17,6 +17,7 @@ from ..features import MinuteFeatures, minute_features
 from . import (
     collective_slow,
     comm_bound,
+    crash_loop,
     hung,
     hw_fault,
     idle_gpu,
@@ -41,7 +42,7 @@ def _spec(module: Any) -> DetectorSpec[Any]:
 DETECTORS: tuple[DetectorSpec[Any], ...] = tuple(_spec(m) for m in (
     idle_gpu, oversized_allocation, hung, comm_bound, input_stall, memory_underuse, straggler, pipeline_imbalance,
     throttled,
-    no_tensor_cores, low_sm_activity, hw_fault, collective_slow, network_degraded, link_errors,
+    no_tensor_cores, low_sm_activity, hw_fault, crash_loop, collective_slow, network_degraded, link_errors,
 ))
 
 

@@ -91,12 +91,16 @@ class MinuteSignals:
     power: np.ndarray
     nvl: np.ndarray  # max of tx/rx, bytes/s
     ib: np.ndarray
+    # GPU memory in use (the minute's max) and the device's total, bytes: a process that dies
+    # gives its memory back, so memory falling to ~0 and rising again is a restart (crash_loop).
+    fb: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    fb_total: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
     @classmethod
     def of(cls, m: MinuteFeatures) -> MinuteSignals:
         f = m.f
         return cls(m.b0, m.n, f["sm"], f["gpu_util"], f["tensor"], f["dram"], f["power"],
-                   np.fmax(f["nvl_tx"], f["nvl_rx"]), np.fmax(f["ib_tx"], f["ib_rx"]))
+                   np.fmax(f["nvl_tx"], f["nvl_rx"]), np.fmax(f["ib_tx"], f["ib_rx"]), f["fb_used_max"], f["fb_total"])
 
 
 # Signal names (as detectors declare them) -> Coverage's field.

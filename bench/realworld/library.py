@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (registration happens at import)
     scenarios_hpc,
     scenarios_serving,
     scenarios_training,
+    scenarios_verdicts,
     scenarios_waste,
 )
 from .model import REGISTRY, Scenario

@@ -20,7 +20,7 @@ from .signals import GpuTruth
 # raises that are not listed here are reported as "other" (e.g. a pipeline-imbalance finding)
 # and scored only through `allowed`.
 KINDS = ("idle_gpu", "low_sm_activity", "no_tensor_cores", "input_stall", "comm_bound", "straggler",
-         "memory_underuse", "throttled", "oversized_allocation", "hw_fault", "hung")
+         "memory_underuse", "throttled", "oversized_allocation", "hw_fault", "hung", "crash_loop")
 INTERVALS = (1, 10, 30, 60)
 
 # Names an engine may reasonably give the findings issue 13 asks to keep apart from the core

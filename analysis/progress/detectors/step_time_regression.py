@@ -8,11 +8,14 @@ work itself: the input pipeline, communication, a longer sequence or memory grow
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...config import KindConfig
-from .base import WINDOW_S, ProgressContext, ProgressFinding, finding, r, series
+from ..model import Window
+from .base import WINDOW_S, ProgressContext, ProgressFinding, finding, r
 
 KIND = "step_time_regression"
 
@@ -36,12 +39,40 @@ def _clocks(ctx: ProgressContext, base: tuple[float, float], slow: tuple[float, 
     return {"sm_clock_baseline_mhz": r(b, 0), "sm_clock_recent_mhz": r(s, 0), "gpu_clocks": verdict}
 
 
+def relative_series(windows: Sequence[Window]) -> tuple[list[tuple[float, float]], float | None]:
+    """(window start, median over ranks of the rank's step time over its own baseline) and the
+    median baseline. A rank's baseline is its median over the run's first third (its first
+    window skipped: warm-up); ranks without one (joined later: an elastic resize) are left out.
+    Over a fixed rank set each rank against itself, the job-wide figure does not move when fast
+    ranks finish first or a slow one leaves: only a change in the ranks' own step times does."""
+    pts = [w for w in windows if w.step_time_p50_s is not None and w.steps >= 1]
+    if not pts:
+        return [], None
+    t0 = min(w.start for w in pts)
+    t_base = t0 + (max(w.start for w in pts) - t0) / 3.0
+    first: dict[int, float] = {}
+    for w in pts:
+        first[w.rank] = min(first.get(w.rank, w.start), w.start)
+    early: dict[int, list[float]] = defaultdict(list)
+    for w in pts:
+        if w.start <= t_base and w.start > first[w.rank] and w.step_time_p50_s:
+            early[w.rank].append(w.step_time_p50_s)
+    base = {k: statistics.median(v) for k, v in early.items() if v and statistics.median(v) > 0}
+    by: dict[float, list[float]] = defaultdict(list)
+    for w in pts:
+        b = base.get(w.rank)
+        if b is not None and w.step_time_p50_s is not None:
+            by[w.start].append(w.step_time_p50_s / b)
+    series = [(t, statistics.median(v)) for t, v in sorted(by.items())]
+    return series, (statistics.median(base.values()) if base else None)
+
+
 def detect(ctx: ProgressContext, cfg: Config) -> list[ProgressFinding]:
-    s = series(ctx.windows)
+    s, base_step = relative_series(ctx.windows)
     n = max(cfg.min_windows, int(cfg.min_duration_s // WINDOW_S), 1)
-    if len(s) < 3 * n:
+    if len(s) < 3 * n or base_step is None:
         return []
-    base = statistics.median(v for _, v in s[1:max(2, len(s) // 3)])  # skip the first (warm-up) window
+    base = statistics.median(v for _, v in s[1:max(2, len(s) // 3)])  # ~1.0: the ranks against themselves
     recent = s[-n:]
     if base <= 0 or not all(v > cfg.ratio * base for _, v in recent):
         return []
@@ -53,7 +84,7 @@ def detect(ctx: ProgressContext, cfg: Config) -> list[ProgressFinding]:
     ranks = len({w.rank for w in ctx.windows})
     hw = _clocks(ctx, (s[1][0], s[max(2, len(s) // 3) - 1][0] + WINDOW_S), (start, end))
     out = finding(KIND, cfg, "progress", start, end, ctx.now - s[-1][0] < ctx.general.fresh_s + WINDOW_S, {
-        "baseline_step_s": r(base, 4), "recent_step_s": r(rec, 4), "ratio": r(rec / base, 3),
+        "baseline_step_s": r(base_step * base, 4), "recent_step_s": r(base_step * rec, 4), "ratio": r(rec / base, 3),
         "threshold_ratio": cfg.ratio, "windows": len(s) - k,  # the slow stretch's start is the flag's start_ts
         **hw}, wasted_rank_s=(end - start) * (1.0 - base / rec) * ranks)
     if hw["gpu_clocks"] != "not known":
