@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
 
-from . import routes_collectives, routes_fleet, routes_jobs, routes_nodes, routes_ops, routes_progress
+from . import routes_collectives, routes_fleet, routes_jobs, routes_ledger, routes_nodes, routes_ops, routes_progress
 from .deps import require_viewer
 from .metrics import metrics_for
 from .schemas import Message
@@ -20,8 +20,8 @@ _auth_errors: dict[int | str, dict[str, Any]] = {
     401: {"model": Message, "description": "no, unknown or revoked token (and anonymous access is off)"},
     403: {"model": Message, "description": "the token's role may not read (agent tokens only write)"},
 }
-# routes_collectives, routes_progress first: routes_jobs' /{job_id:path} would take their suffixes.
-for part in (routes_collectives, routes_progress, routes_jobs, routes_nodes, routes_fleet):
+# routes_collectives, routes_progress, routes_ledger first: routes_jobs' /{job_id:path} would take their suffixes.
+for part in (routes_collectives, routes_progress, routes_ledger, routes_jobs, routes_nodes, routes_fleet):
     router.include_router(part.router, dependencies=_viewer, responses=_auth_errors)
 router.include_router(routes_ops.router)
 

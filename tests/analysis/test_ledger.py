@@ -96,8 +96,8 @@ def test_every_allocated_second_lands_once(job: tuple) -> None:
 
 def test_the_worked_example_of_the_docs() -> None:
     """docs/goodput.md's worked example, by hand: 2 GPUs x 10 minutes; GPU 1 has no telemetry
-    in minutes 8-9; throttled claims 25% of both GPUs in minutes 0-3; idle_gpu claims all of
-    GPU 1 in minutes 2-3 (a warning each: the throttled claim is first, in detector order)."""
+    in minutes 8-9; idle_gpu claims all of GPU 1 in minutes 2-3; throttled claims 25% of both
+    GPUs in minutes 0-3 (a warning each, job scope: idle_gpu goes first, in detector order)."""
     grid = Grid.of(600.0, 1200.0, 2)
     observed = np.full((2, 10), 60.0)
     observed[1, 8:] = 0.0
@@ -105,14 +105,15 @@ def test_the_worked_example_of_the_docs() -> None:
     thr[:, 0:4] = 0.25
     idle_claim = np.zeros((2, 10))
     idle_claim[1, 2:4] = 1.0
-    claims = [Claim("throttled", "", "warning", thr), Claim("idle_gpu", "", "warning", idle_claim)]
+    claims = [Claim("idle_gpu", "", "warning", idle_claim), Claim("throttled", "", "warning", thr)]
     led = fold(grid, observed, claims)
     t = led.totals()
     assert led.allocated_s == 1200.0
     assert t[UNOBSERVED] == 120.0
-    assert t["throttled"] == 0.25 * 60 * 8  # 120 s
-    assert t["idle_gpu"] == 0.75 * 60 * 2  # 90 s: what throttled did not already claim
+    assert t["idle_gpu"] == 60 * 2  # 120 s
+    assert t["throttled"] == 0.25 * 60 * 6  # 90 s: not GPU 1's minutes 2-3, idle_gpu's already
     assert t[PRODUCTIVE] == 1200 - 120 - 120 - 90  # 870 s
+    assert led.flag_s == [120.0, 90.0]
     s = summary(t)
     assert s["coverage"] == round(1080 / 1200, 4) and s["goodput"] == round(870 / 1080, 4)
     assert s["ettr"] == round(870 / 1200, 4)

@@ -1,0 +1,156 @@
+"""The GPU-time ledger's reads: one job's ledger, and the fleet's over a time range grouped by
+cause, user, account, team or cluster. Both only sum the stored rows (``gpu_ledger``, folded
+per job-minute at analysis time), so every group adds up to the fleet total (docs/goodput.md,
+"The ledger"; response shapes in docs/api.md, "Ledger")."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpufleet.analysis.ledger import PRODUCTIVE, UNOBSERVED, add_totals, categories, summary
+from gpufleet.settings import CostSettings
+from gpufleet.storage.gpu_ledger import GpuLedgerMinute
+from gpufleet.storage.models import Cluster, Flag, Job, JobReport
+
+from .common import BadRequest
+
+GROUPS = ("cause", "user", "account", "team", "cluster")
+MAX_RANGE_S = 366 * 86400
+
+
+def _priced(secs_by_cluster: dict[str, float], cost: CostSettings) -> float | None:
+    """GPU-seconds at each cluster's own GPU-hour price; None when a cluster has no price."""
+    total = 0.0
+    for cl, secs in secs_by_cluster.items():
+        price = cost.price(cl)
+        if price is None:
+            return None
+        total += secs / 3600 * price
+    return round(total, 2)
+
+
+def _cost(totals_by_cluster: dict[str, dict[str, float]], cost: CostSettings) -> tuple[float | None, float | None]:
+    """(wasted cost, allocated cost)."""
+    wasted = {cl: sum(v for k, v in t.items() if k not in (PRODUCTIVE, UNOBSERVED))
+              for cl, t in totals_by_cluster.items()}
+    return (_priced(wasted, cost),
+            _priced({cl: sum(t.values()) for cl, t in totals_by_cluster.items()}, cost))
+
+
+def _summary(by_cluster: dict[str, dict[str, float]], cost: CostSettings, **kw: Any) -> dict[str, Any]:
+    out = summary(add_totals(by_cluster.values()), **kw)
+    out["cost"], out["allocated_cost"] = _cost(by_cluster, cost) if by_cluster else (None, None)
+    return out
+
+
+def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings) -> dict[str, Any]:
+    """``GET /api/v1/jobs/{id}/ledger``."""
+    t = GpuLedgerMinute.__table__
+    rows = session.execute(select(t.c.minute, t.c.category, t.c.gpu_s).where(t.c.job_pk == job.id)
+                           .order_by(t.c.minute)).all()
+    rep = session.execute(select(JobReport.report).where(JobReport.job_pk == job.id)).scalar_one_or_none() or {}
+    led = rep.get("ledger") or {}
+    totals: dict[str, float] = defaultdict(float)
+    minutes: list[int] = []
+    series: dict[str, list[float]] = {}
+    for m, cat, secs in rows:
+        totals[cat] += secs
+        if not minutes or minutes[-1] != m:
+            minutes.append(int(m))
+            for v in series.values():
+                v.append(0.0)
+        col = series.setdefault(cat, [0.0] * len(minutes))
+        col[-1] = round(float(secs), 3)
+    out = _summary({cluster: dict(totals)}, cost, failures=int(led.get("failures") or 0),
+                   wall_s=float(led.get("wall_hours") or 0.0) * 3600)
+    flags = []
+    reg = categories().flag_categories
+    for f in session.execute(select(Flag).where(Flag.job_pk == job.id).order_by(Flag.id)).scalars():
+        if f.scope.startswith("progress"):
+            # A progress kind's share: its categories of the ledger (ledger_categories.toml [flags]);
+            # a rank's flag shares nothing the job-wide one already has.
+            cats = reg.get(f.kind, ()) if f.scope == "progress" else ()
+            wasted = sum(totals.get(c, 0.0) for c in cats) / 3600
+        else:
+            wasted = float(f.wasted_gpu_hours or 0.0)  # the analysis wrote its ledger share
+        flags.append({"kind": f.kind, "scope": f.scope, "severity": f.severity, "open": bool(f.open),
+                      "wasted_gpu_hours": round(wasted, 4)})
+    win = rep.get("window") or {}
+    return {"job_id": job.job_id, "cluster": cluster, "analyzed": bool(rep),
+            "window": {"start": win.get("start", job.start_ts), "end": win.get("end", job.end_ts)},
+            "currency": cost.currency, "price_per_gpu_hour": cost.price(cluster), **out,
+            "progress": bool(led.get("progress")), "flags": flags, "by_gpu": led.get("by_gpu") or [],
+            "minutes": {"t": [m * 60 for m in minutes], "gpu_s": series}}
+
+
+def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, cluster: str | None,
+                 cost: CostSettings) -> dict[str, Any]:
+    """``GET /api/v1/fleet/ledger``: the stored ledger rows of minutes in [start, end), by job,
+    then summed per group (a job's user, account, label ``team``, cluster; or per category)."""
+    if group_by not in GROUPS:
+        raise BadRequest(f"group_by={group_by!r}: one of {', '.join(GROUPS)}")
+    if not end > start or end - start > MAX_RANGE_S:
+        raise BadRequest(f"start..end: end must be after start, at most {MAX_RANGE_S // 86400} days")
+    m0, m1 = math.floor(start / 60), math.ceil(end / 60)
+    t = GpuLedgerMinute.__table__
+    q = (select(t.c.job_pk, t.c.category, func.sum(t.c.gpu_s))
+         .where(t.c.minute >= m0, t.c.minute < m1).group_by(t.c.job_pk, t.c.category))
+    if cluster:
+        q = q.join(Job, Job.id == t.c.job_pk).join(Cluster, Cluster.id == Job.cluster_id).where(
+            Cluster.name == cluster)
+    per_job: dict[int, dict[str, float]] = defaultdict(dict)
+    for pk, cat, secs in session.execute(q):
+        per_job[int(pk)][str(cat)] = float(secs or 0.0)
+    info: dict[int, tuple[str | None, str | None, str | None, str]] = {}
+    pks = sorted(per_job)
+    for i in range(0, len(pks), 1000):
+        for pk, user, account, labels, cl in session.execute(
+                select(Job.id, Job.user, Job.account, Job.labels, Cluster.name)
+                .join(Cluster, Cluster.id == Job.cluster_id).where(Job.id.in_(pks[i:i + 1000]))):
+            team = labels.get("team") if isinstance(labels, dict) else None
+            info[int(pk)] = (user, account, str(team) if team is not None else None, str(cl))
+    fleet: dict[str, dict[str, float]] = defaultdict(dict)  # cluster -> totals
+    groups: dict[str | None, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    jobs_in: dict[str | None, int] = defaultdict(int)
+    for pk, tot in per_job.items():
+        user, account, team, cl = info.get(pk, (None, None, None, "?"))
+        _merge(fleet[cl], tot)
+        if group_by == "cause":
+            continue
+        key = {"user": user, "account": account, "team": team, "cluster": cl}[group_by]
+        _merge(groups[key][cl], tot)
+        jobs_in[key] += 1
+    total = _summary(dict(fleet), cost)
+    total["jobs"] = len(per_job)
+    if group_by == "cause":
+        allocated = total["allocated_gpu_hours"]
+        observed = total["observed_gpu_hours"]
+        kinds = {c["name"]: c["kind"] for c in categories().as_json()}
+        rows = []
+        for cat, hours in total["categories"].items():
+            kind = kinds.get(cat, "badput")
+            rows.append({"key": cat, "kind": kind, "gpu_hours": hours,
+                         "share_of_allocated": round(hours / allocated, 4) if allocated else None,
+                         "share_of_observed": (round(hours / observed, 4) if observed and kind != "unobserved"
+                                               else None),
+                         "cost": _priced({cl: v.get(cat, 0.0) for cl, v in fleet.items()}, cost)})
+        out_groups: list[dict[str, Any]] = rows
+    else:
+        out_groups = []
+        for key, by_cl in groups.items():
+            g = _summary(dict(by_cl), cost)
+            out_groups.append({"key": key, "jobs": jobs_in[key], **g})
+        out_groups.sort(key=lambda g: (-g["wasted_gpu_hours"], str(g["key"])))
+    return {"start": start, "end": end, "minutes": [m0 * 60, m1 * 60], "group_by": group_by, "cluster": cluster,
+            "currency": cost.currency, "price_per_gpu_hour": cost.price(cluster) if cluster else cost.gpu_hour_price,
+            "total": total, "groups": out_groups, "categories": categories().as_json()}
+
+
+def _merge(into: dict[str, float], add: dict[str, float]) -> None:
+    for k, v in add.items():
+        into[k] = into.get(k, 0.0) + v

@@ -1,0 +1,100 @@
+"""GET /api/v1/jobs/{id}/ledger and /api/v1/fleet/ledger over a real server, on jobs analysed by
+the real runner (SQLite and PostgreSQL): the job's categories add up to its allocation and to its
+report; the fleet's every grouping adds up to the same total, which is the sum of the jobs;
+cost at the configured price; bad arguments are 400s, an unknown job a 404."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import httpx
+from sqlalchemy import select
+
+from gpufleet.agent.simulator import make_job
+from gpufleet.analysis.runner import run_analysis
+from gpufleet.storage.db import make_engine
+from gpufleet.storage.models import Job, JobReport
+from tests.analysis.conftest import T0, ingest
+
+TOL = 2e-3  # GPU-hours: each figure is rounded to 4 decimals
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= TOL * max(1.0, abs(b))
+
+
+def test_ledger_endpoints_add_up(database_url: str, live_server: Callable[..., Any]) -> None:
+    e = make_engine(database_url)
+    jobs = [replace(make_job("idle_gpu", "l-idle", 2, T0, 3600, node_prefix="a", user="ann"), account="acct1"),
+            replace(make_job("vision_train", "l-good", 2, T0 + 300, 3600, node_prefix="b", user="bob"),
+                    account="acct1"),
+            replace(make_job("throttled", "l-thr", 1, T0 + 600, 3600, node_prefix="c", user="ann"),
+                    account="acct2")]
+    t1 = T0 + 35 * 60
+    try:
+        for j in jobs:
+            ingest(e, j, j.start_ts, t1)
+        assert run_analysis(e, now=t1 + 5).errors == []
+        with e.connect() as c:
+            reports = {jid: rep for jid, rep in c.execute(
+                select(Job.job_id, JobReport.report).join(JobReport, JobReport.job_pk == Job.id))}
+    finally:
+        e.dispose()
+    srv = live_server(database_url, cost__gpu_hour_price=2.5)
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        alloc_sum = 0.0
+        for j in jobs:
+            r = c.get(f"/api/v1/jobs/{j.job_id}/ledger")
+            assert r.status_code == 200, r.text
+            d = r.json()
+            rep = reports[j.job_id]
+            assert d["analyzed"] and d["job_id"] == j.job_id and d["currency"] and d["price_per_gpu_hour"] == 2.5
+            assert _close(sum(d["categories"].values()), d["allocated_gpu_hours"])
+            assert _close(d["allocated_gpu_hours"], rep["allocated_gpu_hours"])
+            assert d["goodput"] == rep["goodput_score"]
+            assert _close(d["wasted_gpu_hours"], rep["wasted_gpu_hours_total"])
+            assert _close(sum(f["wasted_gpu_hours"] for f in d["flags"]), d["wasted_gpu_hours"])
+            assert abs(d["cost"] - d["wasted_gpu_hours"] * 2.5) <= 0.011  # (both rounded)
+            series = d["minutes"]["gpu_s"]
+            assert len(d["minutes"]["t"]) == len(next(iter(series.values())))
+            assert _close(sum(sum(v) for v in series.values()) / 3600, d["allocated_gpu_hours"])
+            assert len(d["by_gpu"]) == len(j.gpus)
+            alloc_sum += d["allocated_gpu_hours"]
+        idle = c.get("/api/v1/jobs/l-idle/ledger").json()
+        assert idle["categories"].get("idle_gpu", 0) > 0.5 and idle["goodput"] is not None and idle["goodput"] < 0.1
+
+        everything = {"start": str(T0 - 3600), "end": str(T0 + 3 * 3600)}
+        totals = []
+        for group_by in ("cause", "user", "account", "team", "cluster"):
+            r = c.get("/api/v1/fleet/ledger", params={**everything, "group_by": group_by})
+            assert r.status_code == 200, r.text
+            d = r.json()
+            total = d["total"]
+            totals.append(total)
+            assert total["jobs"] == 3 and _close(total["allocated_gpu_hours"], alloc_sum)
+            assert _close(sum(total["categories"].values()), total["allocated_gpu_hours"])
+            if group_by == "cause":
+                assert _close(sum(g["gpu_hours"] for g in d["groups"]), total["allocated_gpu_hours"])
+                assert {g["key"] for g in d["groups"]} == set(total["categories"])
+                continue
+            for k in ("allocated_gpu_hours", "wasted_gpu_hours", "productive_gpu_hours", "unobserved_gpu_hours"):
+                assert _close(sum(g[k] for g in d["groups"]), total[k]), (group_by, k)
+            assert sum(g["jobs"] for g in d["groups"]) == 3
+        assert {round(t["allocated_gpu_hours"], 3) for t in totals} == {round(totals[0]["allocated_gpu_hours"], 3)}
+        users = c.get("/api/v1/fleet/ledger", params={**everything, "group_by": "user"}).json()["groups"]
+        assert {g["key"] for g in users} == {"ann", "bob"}
+        assert {g["key"] for g in c.get("/api/v1/fleet/ledger", params={**everything, "group_by": "account"})
+                .json()["groups"]} == {"acct1", "acct2"}
+        # a range covering part of the jobs: fewer GPU-hours, still adding up
+        part = c.get("/api/v1/fleet/ledger", params={"start": str(T0 + 600), "end": str(T0 + 1200),
+                                                     "group_by": "user"}).json()
+        assert 0 < part["total"]["allocated_gpu_hours"] < alloc_sum
+        assert _close(sum(g["allocated_gpu_hours"] for g in part["groups"]), part["total"]["allocated_gpu_hours"])
+
+        assert c.get("/api/v1/fleet/ledger", params={"group_by": "planet"}).status_code in (400, 422)
+        r = c.get("/api/v1/fleet/ledger", params={"start": str(T0 + 10), "end": str(T0)})
+        assert r.status_code == 400 and "end" in r.json()["detail"]
+        r = c.get("/api/v1/jobs/nope/ledger")
+        assert r.status_code == 404 and "nope" in r.json()["detail"]
