@@ -27,6 +27,12 @@ from dataclasses import dataclass, field
 
 from gpufleet.serving_metrics import Engine, ServingRegistry, serving_registry
 
+# SM activity model: a decode step of one request keeps SM_FLOOR of the SMs busy, each more request
+# adds 1/SM_FULL_BATCH, PREFILL_TOKENS_PER_SEQ prompt tokens count as one decoding request.
+SM_FLOOR = 0.3
+SM_FULL_BATCH = 64.0
+PREFILL_TOKENS_PER_SEQ = 8.0
+
 
 @dataclass(frozen=True, slots=True)
 class EngineModel:
@@ -206,6 +212,14 @@ class SimResult:
     pages: list[tuple[float, str]]  # (scrape time, page)
     gpu_busy_s: list[float]  # per minute: GPU time spent in iterations (host waits excluded)
     engine: str
+    sm_active: list[float] = field(default_factory=list)  # per minute: modelled SM activity of the GPUs
+
+    def sm_active_at(self, minute: int) -> float | None:
+        return self.sm_active[minute] if 0 <= minute < len(self.sm_active) else None
+
+    def gpu_util_at(self, minute: int) -> float | None:
+        """NVML utilisation: the share of the minute a kernel ran (iterations; host waits excluded)."""
+        return min(1.0, self.gpu_busy_s[minute] / 60.0) if 0 <= minute < len(self.gpu_busy_s) else None
 
     def finished(self) -> list[Request]:
         return [r for r in self.requests if r.finished is not None]
@@ -228,6 +242,7 @@ def simulate(model: EngineModel, workload: Workload, engine: str = "vllm", scrap
     running: list[Request] = []
     pages: list[tuple[float, str]] = []
     busy: dict[int, float] = {}
+    sm: dict[int, float] = {}
     kv_used = 0
     t = 0.0
     next_scrape = 0.0
@@ -274,6 +289,10 @@ def simulate(model: EngineModel, workload: Workload, engine: str = "vllm", scrap
         scrape_until(t_next)
         minute = int(t // 60)
         busy[minute] = busy.get(minute, 0.0) + gpu_s
+        # SM activity of the iteration: prefill fills the SMs, a decode step's share grows with the batch
+        # (a small batch is memory-bound and leaves most SMs waiting on weight reads)
+        fill = min(1.0, SM_FLOOR + (len(decoding) + prefill_tokens / PREFILL_TOKENS_PER_SEQ) / SM_FULL_BATCH)
+        sm[minute] = sm.get(minute, 0.0) + gpu_s * fill
         t = t_next
         metrics.counters["prompt_tokens"] += prefill_tokens
         # every request in the step emits one token: prefill gives the first, decode the next
@@ -311,6 +330,8 @@ def simulate(model: EngineModel, workload: Workload, engine: str = "vllm", scrap
             victim.preemptions += 1
             metrics.counters["preemptions"] += 1
             waiting.appendleft(victim)
-    scrape_until(t + scrape_s)
-    minutes = int(t // 60) + 1
-    return SimResult(requests, pages, [busy.get(m, 0.0) for m in range(minutes)], engine)
+    # an idle replica is scraped too, to the workload's end (its engine answers with nothing new)
+    scrape_until(max(t, workload.duration_s) + scrape_s)
+    minutes = int(max(t, workload.duration_s) // 60) + 1
+    return SimResult(requests, pages, [busy.get(m, 0.0) for m in range(minutes)], engine,
+                     [min(1.0, sm.get(m, 0.0) / 60.0) for m in range(minutes)])

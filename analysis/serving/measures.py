@@ -40,6 +40,7 @@ class ServingMinute:
     engine: str
     measures: Mapping[str, Hist | float]
     sm_active: float | None = None  # mean SM activity of the replica's GPUs that minute (hardware side)
+    gpu_util: float | None = None  # mean NVML utilisation (share of time a kernel ran) of those GPUs
 
     def hist(self, name: str) -> Hist | None:
         v = self.measures.get(name)
@@ -70,6 +71,7 @@ class ServingSummary:
     batch_size_mean: float | None
     preemptions: float | None
     sm_active_mean: float | None
+    gpu_util_mean: float | None
     slo: Slo
     ttft_attainment: float | None
     tpot_attainment: float | None
@@ -163,6 +165,7 @@ def summarize(name: str, minutes: Sequence[ServingMinute], slo: Slo,
     waiting = [v for m in minutes if (v := m.scalar("waiting")) is not None]
     batch = _batch_size(minutes)
     sm = [m.sm_active for m in minutes if m.sm_active is not None]
+    util = [m.gpu_util for m in minutes if m.gpu_util is not None]
     goodput_rps = low * requests / wall_s if low is not None and requests is not None and wall_s else None
     mean_gpus = gpu_seconds / wall_s if wall_s else 0.0
     slo_met = None
@@ -179,6 +182,7 @@ def summarize(name: str, minutes: Sequence[ServingMinute], slo: Slo,
         latency=latency, tpot_from=tpot_from, queue_mean_s=queue_mean,
         kv_usage_mean=_mean(kv), kv_usage_max=max(kv) if kv else None, waiting_mean=_mean(waiting),
         batch_size_mean=batch, preemptions=_sum_known(minutes, "preemptions"), sm_active_mean=_mean(sm),
+        gpu_util_mean=_mean(util),
         slo=slo, ttft_attainment=a_ttft, tpot_attainment=a_tpot,
         ttft_attainment_range=r_ttft, tpot_attainment_range=r_tpot, goodput_share=low,
         goodput_range=goodput_range(r_ttft, r_tpot),
@@ -196,6 +200,18 @@ def _batch_size(minutes: Sequence[ServingMinute]) -> float | None:
     inf, ex = _sum_known(minutes, "inferences"), _sum_known(minutes, "executions")
     if inf is not None and ex:
         return inf / ex
+    return None
+
+
+def tpot_judged(s: ServingSummary) -> float | None:
+    """The TPOT to hold against the SLO: the per-request series' SLO percentile, or, when the engine
+    exports only per-token inter-token latency, its mean (the per-token tail is not a per-request
+    percentile: one slow prefill stalls every running request's next token, which averages out
+    within a request)."""
+    if s.tpot_from == "tpot":
+        return s.latency.get("tpot", {}).get(f"p{round(s.slo.percentile * 100)}") or s.latency["tpot"].get("p99")
+    if s.tpot_from == "itl":
+        return s.latency.get("itl", {}).get("mean")
     return None
 
 

@@ -24,21 +24,23 @@ class Config(ServingKindConfig):
 def detect(view: DeploymentView, cfg: Config) -> list[ServingFinding]:
     out = []
     for replica, ms in view.replicas.items():
-        rows = [(r, w, k) for m in ms if (r := m.scalar("running")) is not None
+        rows = [(r, w, k, m.scalar("preemptions") or 0.0) for m in ms if (r := m.scalar("running")) is not None
                 and (w := m.scalar("waiting")) is not None and (k := m.scalar("kv_usage")) is not None]
-        if len(rows) < cfg.min_minutes:
+        if not rows:
             continue
-        running = [r for r, _, _ in rows]
-        waiting = sum(w for _, w, _ in rows) / len(rows)
-        kv = sum(k for _, _, k in rows) / len(rows)
-        batch = sum(running) / len(running)
-        spread = max(running) - min(running)
-        preempted = sum(m.scalar("preemptions") or 0.0 for m in ms)
-        if (waiting >= cfg.waiting_min and kv <= cfg.kv_max and spread <= cfg.spread_max
-                and batch >= cfg.batch_min and preempted == 0):
-            out.append(make_finding(view, KIND, cfg, replica, {
-                "replica": replica, "batch_size_mean": batch, "batch_size_spread": spread, "waiting_mean": waiting,
-                "kv_usage_mean": kv, "judged_minutes": len(rows), "flagged_minutes": len(rows)}))
+        cap = max(r for r, _, _, _ in rows)
+        # a pinned minute: the batch at its highest, requests waiting, KV room, nothing preempted
+        pinned = [(r, w, k) for r, w, k, p in rows
+                  if r >= cap - cfg.spread_max and w >= cfg.waiting_min and k <= cfg.kv_max and p == 0]
+        if len(pinned) < cfg.min_minutes or cap < cfg.batch_min:
+            continue
+        running = [r for r, _, _ in pinned]
+        out.append(make_finding(view, KIND, cfg, replica, {
+            "replica": replica, "batch_size_mean": sum(running) / len(running),
+            "batch_size_spread": max(running) - min(running),
+            "waiting_mean": sum(w for _, w, _ in pinned) / len(pinned),
+            "kv_usage_mean": sum(k for _, _, k in pinned) / len(pinned), "judged_minutes": len(rows),
+            "flagged_minutes": len(pinned)}))
     return out
 
 

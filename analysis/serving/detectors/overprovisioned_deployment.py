@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..config import ServingKindConfig
+from ..measures import tpot_judged
 from .base import DeploymentView, ServingDetector, ServingFinding, make_finding
 
 KIND = "overprovisioned_deployment"
@@ -30,7 +31,7 @@ def detect(view: DeploymentView, cfg: Config) -> list[ServingFinding]:
     kv = [v for m in view.minutes if (v := m.scalar("kv_usage")) is not None]
     waiting = s.waiting_mean
     ttft99 = s.latency.get("ttft", {}).get("p99")
-    tpot99 = s.latency.get(s.tpot_from or "tpot", {}).get("p99")
+    tpot99 = tpot_judged(s)
     if not kv or waiting is None or ttft99 is None or tpot99 is None:
         return []  # every signal is needed to call GPUs spare; missing is unknown, not idle
     kv_peak = max(kv)
@@ -50,7 +51,8 @@ def detect(view: DeploymentView, cfg: Config) -> list[ServingFinding]:
     return [make_finding(view, KIND, cfg, view.deployment, {
         "replicas": replicas, "gpus": gpus, "needed_replicas": needed, "needed_gpus": needed * gpus_per,
         "load_share": load_share, "kv_usage_max": kv_peak, "waiting_mean": waiting, "ttft_p99_s": ttft99,
-        "tpot_p99_s": tpot99, "judged_minutes": view.n_minutes, "flagged_minutes": view.n_minutes})]
+        "tpot_judged_s": tpot99, "tpot_from": s.tpot_from, "judged_minutes": view.n_minutes,
+        "flagged_minutes": view.n_minutes})]
 
 
 DETECTOR = ServingDetector(KIND, Config, detect)
