@@ -33,10 +33,11 @@ from gpufleet.collector.columns import prepare
 from gpufleet.collector.errors import BatchRejected, from_protocol
 from gpufleet.collector.fastdecode import decode_prepared
 from gpufleet.collector.intake_schema import refused_json
-from gpufleet.collector.validate import check_batch, check_jobs_on_own_gpus
+from gpufleet.collector.node_scope import screen_node_scope
+from gpufleet.collector.validate import check_batch
 from gpufleet.collector.writer import GroupWriter, Overloaded, Unavailable, WriterMetrics
 from gpufleet.settings import CollectorSettings
-from gpufleet.storage import tokens
+from gpufleet.storage import scope, tokens
 from gpufleet.storage.errors import is_transient, is_unreachable
 from gpufleet.storage.maintenance import MaintenanceLoop
 
@@ -80,6 +81,7 @@ class Collector:
         self._maint = MaintenanceLoop(self.engine, self.settings.maintenance)
         self._started = False
         self.refused_records = 0  # side records refused by the intake schema (partial acceptance)
+        self.node_facts = scope.NodeFactsCache()  # what node-scoped tokens may write for (storage.scope)
 
     def start(self) -> None:
         self.writer.start()
@@ -200,8 +202,8 @@ async def _ingest(coll: Collector, h: dict[bytes, str], read_body: BodyReader) -
             prep = prepare(batch)
         refused = check_batch(batch, prep, time.time(), max_rows=coll.settings.http.max_rows_per_batch,
                               max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, dims_checked=fast)
-        if who.node is not None:
-            check_jobs_on_own_gpus(prep)
+        if who.node is not None:  # records of jobs not on its GPUs refused by themselves (storage.scope)
+            refused += await screen_node_scope(coll.engine, coll.node_facts, prep)
         fut = coll.writer.submit(prep)
     except BatchRejected as e:
         return answer(e.status, e.detail)
