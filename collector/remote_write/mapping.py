@@ -34,6 +34,7 @@ from gpufleet.pod_jobs import DEFAULT as DEFAULT_POD_JOBS
 from gpufleet.pod_jobs import PodJobs
 from gpufleet.protocol import AgentInfo, Batch, CollectiveAgg, GpuInfo, JobInfo
 
+from . import budget
 from .wire import COUNTER, WriteRequest, labels_of
 
 # Label names that name the node, most explicit first. dcgm-exporter's own is ``Hostname``;
@@ -127,10 +128,12 @@ def map_series(labels: dict[str, str], pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> 
 class SeriesMap:
     """Labels bytes -> Mapped | reason, bounded (cleared when full: a cache, not state)."""
 
-    def __init__(self, max_entries: int = SERIES_CACHE_MAX, pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> None:
+    def __init__(self, max_entries: int = SERIES_CACHE_MAX, pod_jobs: PodJobs = DEFAULT_POD_JOBS,
+                 max_bytes: int = budget.SERIES_BYTES) -> None:
         self.max_entries = max_entries
         self.pod_jobs = pod_jobs
         self._d: dict[bytes, Mapped | NcclSeries | str] = {}
+        self.budget = budget.ByteBudget("series", max_bytes)
 
     def get(self, key: bytes) -> Mapped | NcclSeries | str:
         hit = self._d.get(key)
@@ -140,6 +143,11 @@ class SeriesMap:
             except ValueError:
                 hit = BAD_LABELS
             if len(self._d) >= self.max_entries:
+                self._d.clear()
+                self.budget.evictions += 1
+                self.budget.reset()
+            # a label set costs about twice its encoding (the parsed labels in the Mapped record)
+            if self.budget.charge(budget.entry_bytes(key, key)):
                 self._d.clear()
             self._d[key] = hit
         return hit
@@ -162,6 +170,17 @@ class RateState:
     last: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
     counter_families: dict[str, bool] = field(default_factory=dict)  # from WriteRequest metadata
     max_entries: int = 500_000
+    families_budget: budget.ByteBudget = field(default_factory=lambda: budget.ByteBudget("families",
+                                                                                        budget.FAMILY_BYTES))
+
+    def note_family(self, family: str, is_counter: bool) -> None:
+        """Metadata says whether ``family`` counts; bounded in bytes (senders choose the names)."""
+        fams = self.counter_families
+        if fams.get(family) is is_counter:
+            return
+        if family not in fams and self.families_budget.charge(budget.entry_bytes(family)):
+            fams.clear()
+        fams[family] = is_counter
 
     def commit(self, updates: dict[tuple[str, str, str], tuple[float, float]]) -> None:
         if len(self.last) + len(updates) > self.max_entries:
@@ -250,7 +269,7 @@ def convert(req: WriteRequest, series_map: SeriesMap, rates: RateState, *, clust
     Inspector series as those batches' ``collectives``."""
     snapshots = snapshots if snapshots is not None else SnapshotState()
     for fam, kind in req.metadata.items():
-        rates.counter_families[fam] = kind == COUNTER
+        rates.note_family(fam, kind == COUNTER)
     conv = Conversion([])
     nodes: dict[str, _Node] = {}
     lo = -math.inf if max_age_s is None else (now - max_age_s) * 1000.0

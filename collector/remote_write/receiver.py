@@ -31,7 +31,7 @@ from gpufleet.pod_jobs import PodJobs
 from gpufleet.protocol import ProtocolError
 from gpufleet.storage import tokens
 
-from . import wire, wire_v2
+from . import budget, wire, wire_v2
 from .columnar import Slots, convert_columnar
 from .mapping import SERIES_CACHE_MAX, Conversion, RateState, SeriesMap, SnapshotState, convert
 
@@ -121,11 +121,17 @@ class Receiver:
         # thread does the same work with no convoy; requests wait their turn in its queue.
         self._parser = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-rw-parse")
         self._dims_ok: set[bytes] = set()  # (gpus, jobs) lists that passed check_gpus / check_jobs
+        self.dims_budget = budget.ByteBudget("dims", budget.DIMS_BYTES)
+        self.values_budget = budget.ByteBudget("label_values", budget.LABEL_VALUES_BYTES)
         self._parsing = 0  # bodies handed to the parse thread and not yet to the writer
         writer = getattr(coll, "writer", None)
         if writer is not None:
             writer.incoming = self._incoming
             writer.linger_s = float(coll.config.remote_write_linger_s)
+
+    def budgets(self) -> list[budget.ByteBudget]:
+        """The byte bounds of every cache that senders fill (for /metrics)."""
+        return [self.series.budget, self.rates.families_budget, self.dims_budget, self.values_budget]
 
     def _incoming(self) -> int:
         return self._parsing
@@ -221,7 +227,7 @@ class Receiver:
             if cols is not None and scanned.metadata:
                 with self._lock:
                     for fam, kind in scanned.metadata.items():
-                        self.rates.counter_families[fam] = kind == wire.COUNTER
+                        self.rates.note_family(fam, kind == wire.COUNTER)
         elif scanned is not None:
             cols = scanned.single_samples()
         else:
@@ -266,10 +272,12 @@ class Receiver:
                 # are the key: ~2 us a batch, where the checks of 8 GPUs' strings cost ~30)
                 dims = _pack((b.gpus, b.jobs))
                 seen = dims in dims_ok
-                check_batch(b, prep, now, max_rows=max_rows, max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s,
-                            dims_checked=seen)
+                refused = check_batch(b, prep, now, max_rows=max_rows, max_age_s=cfg.max_age_s,
+                                      max_future_s=cfg.max_future_s, dims_checked=seen)
+                for r in refused:  # an NCCL record the database cannot hold: dropped and counted, never a 5xx
+                    conv.dropped[f"unstorable_{r.part}"] += 1
                 if not seen:
-                    if len(dims_ok) >= SERIES_CACHE_MAX:
+                    if len(dims_ok) >= SERIES_CACHE_MAX or self.dims_budget.charge(budget.entry_bytes(dims)):
                         dims_ok.clear()
                     dims_ok.add(dims)
                 conv.prepared.append(prep)
@@ -289,7 +297,8 @@ class Receiver:
                 if g.memory_total_bytes is None:
                     g.memory_total_bytes = memory.get(k)
                 else:
-                    if len(memory) >= SERIES_CACHE_MAX and k not in memory:
+                    if k not in memory and (len(memory) >= SERIES_CACHE_MAX
+                                            or self.values_budget.charge(budget.entry_bytes(*k))):
                         memory.clear()
                     memory[k] = g.memory_total_bytes
 

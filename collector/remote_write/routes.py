@@ -126,7 +126,19 @@ class RemoteWriteMetrics(Collector):
                                    "path does its work at more CPU", labels=["extension"])
         for name, loaded in c_extensions().items():
             native.add_metric([name], float(loaded))
-        yield from (req, ign, drop, samples, rows, dup, again, colls, known, native)
+        used = GaugeMetricFamily("gpufleet_remote_write_cache_bytes",
+                                 "Bytes (estimated) held by a cache that senders fill (series label sets, metadata "
+                                 "family names, checked GPU/job lists, per-GPU label values)", labels=["cache"])
+        limit = GaugeMetricFamily("gpufleet_remote_write_cache_limit_bytes",
+                                  "The byte bound of that cache: past it the cache is emptied and rebuilt",
+                                  labels=["cache"])
+        evicted = CounterMetricFamily("gpufleet_remote_write_cache_evictions",
+                                      "Times a sender-fed cache was emptied to stay within its bound", labels=["cache"])
+        for b in self.rw.budgets():
+            used.add_metric([b.name], b.used)
+            limit.add_metric([b.name], b.limit)
+            evicted.add_metric([b.name], b.evictions)
+        yield from (req, ign, drop, samples, rows, dup, again, colls, known, native, used, limit, evicted)
 
 
 def _register_metrics(app: FastAPI, rw: Receiver) -> None:
