@@ -71,6 +71,9 @@ def test_mkdocs_builds_strict(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "site" / "index.html").is_file()
     assert (tmp_path / "site" / "concepts" / "index.html").is_file()
+    # self-contained: no script or stylesheet from a CDN (air-gapped clusters read it too)
+    page = (tmp_path / "site" / "index.html").read_text()
+    assert not re.findall(r'<(?:script|link)[^>]+(?:src|href)="https?://', page)
 
 
 def test_every_nav_page_exists_and_every_new_page_is_in_the_nav() -> None:
