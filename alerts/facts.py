@@ -38,6 +38,9 @@ class JobFacts:
     allocated_gpu_hours: float = 0.0
     wasted_gpu_hours_total: float = 0.0
     flags: tuple[FlagFact, ...] = ()
+    # The job's GPU-time ledger summary (the report's "ledger": analysis/ledger.py ``summary``):
+    # goodput, coverage and waste by category; None for a report written before the ledger.
+    ledger: dict[str, Any] | None = None
 
     def runtime_s(self, now: float) -> float:
         if self.start_ts is None:

@@ -6,6 +6,7 @@ readers), stays within Block Kit limits (``fit_limits``), and escapes user-contr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +28,7 @@ from gpufleet.alerts.escape import (
     truncate,
 )
 from gpufleet.alerts.facts import JobFacts
+from gpufleet.analysis.ledger import PRODUCTIVE, UNOBSERVED, categories
 from gpufleet.flagkinds import flag_kinds
 
 SEVERITY_ICON = {"info": ":information_source:", "warning": ":warning:", "critical": ":rotating_light:"}
@@ -130,11 +132,35 @@ def flag_section(config: AlertConfig, s: KindSummary, is_new: bool) -> dict[str,
     return _section("\n".join(lines))
 
 
+def pct_text(v: Any) -> str:
+    """A ratio 0..1 as a whole percentage, rounded half away from zero like the web pages
+    (api/static/fmt.js); unknown reads "not known"."""
+    if not isinstance(v, int | float):
+        return "not known"
+    return f"{Decimal(repr(float(v) * 100)).quantize(Decimal(1), rounding=ROUND_HALF_UP)}%"
+
+
+def waste_by_cause(job: JobFacts, top: int = 3) -> str:
+    """The ledger's largest badput categories, by the registry's / ledger's titles."""
+    cats = (job.ledger or {}).get("categories") or {}
+    titles = {c["name"]: c["title"] for c in categories().as_json()}
+    bad = sorted(((k, float(v)) for k, v in cats.items() if k not in (PRODUCTIVE, UNOBSERVED) and v),
+                 key=lambda kv: -kv[1])
+    parts = [f"{esc(titles.get(k, k))} {v:.1f}" for k, v in bad[:top]]
+    return ", ".join(parts) + (f" +{len(bad) - top} more" if len(bad) > top else "") if parts else "none"
+
+
 def job_fields(config: AlertConfig, job: JobFacts, now: float) -> list[dict[str, Any]]:
     nodes = ", ".join(code(n, 60) for n in job.nodes[:8]) + (f" +{len(job.nodes) - 8}" if len(job.nodes) > 8 else "")
     models = ", ".join(sorted({esc(m) for m in job.gpu_models})) or "GPU"
-    # The score is a ratio 0..1 everywhere (engine, API, Grafana); Slack shows it as a percentage.
-    score = "n/a" if job.goodput_score is None else f"{job.goodput_score:.0%}"
+    led = job.ledger or {}
+    # One model (the GPU-time ledger, docs/goodput.md): goodput is productive over observed GPU
+    # time, with the observed share of the allocation beside it; no separate hardware score.
+    if led:
+        goodput = (f"*Goodput*\n{pct_text(led.get('goodput'))} of observed GPU time · "
+                   f"coverage {pct_text(led.get('coverage'))}")
+    else:
+        goodput = f"*Goodput*\n{pct_text(job.goodput_score)}"
     fields = [
         f"*Job*\n{code(job.job_id, 64)} {code(job.name or '-', 120)}",
         f"*User*\n{user_ref(config, job.user)}",
@@ -142,10 +168,12 @@ def job_fields(config: AlertConfig, job: JobFacts, now: float) -> list[dict[str,
         f"{code(job.partition or '-', 60)}",
         f"*GPUs / nodes*\n{job.n_gpus} x {models} on {nodes or '-'}",
         f"*Runtime*\n{fmt_duration(job.runtime_s(now))}{' (ended)' if job.state != 'running' else ''}",
-        f"*Goodput score*\n{score}",
+        goodput,
         f"*Wasted*\n{job.wasted_gpu_hours_total:.1f} of {job.allocated_gpu_hours:.1f} GPU-h"
         f"{cost(config, job.wasted_gpu_hours_total)}",
     ]
+    if led:
+        fields.append(f"*Waste by cause (GPU-h)*\n{waste_by_cause(job)}")
     return [{"type": "mrkdwn", "text": truncate(f, MAX_FIELD_TEXT)} for f in fields[:MAX_FIELDS]]
 
 
@@ -250,7 +278,7 @@ def render_digest(config: AlertConfig, teams: Sequence[tuple[str, float, list[di
     for account, wasted, jobs in teams[: MAX_BLOCKS - 4]:
         lines = [f"*{esc(account or 'no account')}*: {wasted:.1f} GPU-h{cost(config, wasted)}"]
         for j in jobs:
-            score = "" if j.get("score") is None else f", goodput {j['score']:.0%}"
+            score = "" if j.get("score") is None else f", goodput {pct_text(j['score'])}"
             lines.append(f"• {code(j['job_id'], 64)} {code(j.get('name') or '-', 80)} "
                          f"{user_ref(config, j.get('user'))}: {j['wasted']:.1f} GPU-h{score}")
         blocks.append(_section("\n".join(lines)))

@@ -69,6 +69,7 @@ def load_jobs(engine: Engine, job_pks: list[int]) -> dict[int, JobFacts]:
                                                          rep.wasted_gpu_hours if rep is not None else
                                                          sum(f.wasted_gpu_hours for f in flags.get(job.id, [])))),
                     flags=tuple(flags.get(job.id, [])),
+                    ledger=doc.get("ledger") if isinstance(doc.get("ledger"), dict) else None,
                 )
     return out
 

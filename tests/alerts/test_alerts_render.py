@@ -13,7 +13,7 @@ from gpufleet.alerts.config import FLAG_KINDS, AlertConfig
 from gpufleet.alerts.decide import Notification
 from gpufleet.alerts.escape import code, esc, truncate
 from gpufleet.alerts.facts import FlagFact, JobFacts
-from gpufleet.alerts.render import fit_limits, render_digest, render_job, render_sample
+from gpufleet.alerts.render import fit_limits, pct_text, render_digest, render_job, render_sample
 
 NOW = 1_800_000_000.0
 CFG = AlertConfig(default_webhook="http://x", base_url="https://fleet.example", grafana_url="https://grafana.example",
@@ -150,9 +150,22 @@ def test_engine_scores_show_as_percent_in_slack() -> None:
     for profile in ("vision_train", "low_sm_activity"):
         res = analyze_data(generate(make_job(profile, f"r-{profile}", 2, NOW - 2700, 2700)))
         assert res.goodput_score is not None and 0.0 <= res.goodput_score <= 1.0
-        want = f"{res.goodput_score:.0%}"
-        assert f"*Goodput score*\n{want}" in _fields(res.goodput_score)
+        want = pct_text(res.goodput_score)  # the pages' rounding rule (api/static/fmt.js)
+        assert f"*Goodput*\n{want}" in _fields(res.goodput_score)
         digest = json.dumps(render_digest(CFG, [("nlp", 3.0, [{"job_id": "1", "user": "alice", "name": "x",
                                                                 "wasted": 3.0, "score": res.goodput_score}])], "d"))
         assert f"goodput {want}" in digest
-    assert "*Goodput score*\n100%" in _fields(1.0)
+    assert "*Goodput*\n100%" in _fields(1.0)
+
+
+def test_slack_reads_goodput_coverage_and_waste_by_cause_from_the_ledger() -> None:
+    """One model: the message's goodput, coverage and waste by cause are the job's ledger summary
+    (no hardware score beside a contradictory figure)."""
+    led = {"goodput": 0.6245, "coverage": 0.8, "allocated_gpu_hours": 16.0, "wasted_gpu_hours": 4.5,
+           "categories": {"productive": 8.0, "restart_lost": 3.0, "idle_gpu": 1.5, "unobserved": 3.5}}
+    p = render_job(CFG, job(ledger=led, n_gpus=1, goodput_score=0.6245), note(), NOW)
+    fields = [f["text"] for b in p["blocks"] for f in b.get("fields", [])]
+    assert "*Goodput*\n62% of observed GPU time · coverage 80%" in fields
+    by_cause = next(f for f in fields if f.startswith("*Waste by cause"))
+    assert by_cause.index("3.0") < by_cause.index("1.5")
+    assert "productive" not in by_cause and "unobserved" not in by_cause
