@@ -188,60 +188,80 @@ def fold(grid: Grid, observed_s: np.ndarray, claims: Sequence[Claim] = (), *,
     cats = cats or categories()
     g, m = grid.n_gpus, grid.m
     alloc = np.broadcast_to(grid.alloc_s, (g, m))
-    obs = np.minimum(np.clip(observed_s, 0.0, None), alloc)
+    obs = np.minimum(np.fmax(observed_s, 0.0), alloc)
     out: dict[str, np.ndarray] = {}
-    # Progress first: its seconds are taken out of the GPU-minute (scaled down, never over it).
-    pcov = np.zeros((g, m))
     prog: dict[str, np.ndarray] = {}
     if progress:
-        total = np.zeros((g, m))
-        for v in progress.values():
-            total = total + np.clip(v, 0.0, None)
-        scale = np.where(total > alloc, alloc / np.where(total > 0, total, 1.0), 1.0)
-        prog = {k: np.clip(v, 0.0, None) * scale for k, v in progress.items()}
-        pcov = np.minimum(total, alloc)
-    rest = alloc - pcov
-    # The telemetry-only seconds: observed in the same share as the whole minute.
-    frac_obs = np.where(alloc > 0, obs / np.where(alloc > 0, alloc, 1.0), 0.0)
-    obs_rest = rest * frac_obs
+        # Progress first: its seconds are taken out of the GPU-minute (scaled down, never over it).
+        prog = {k: np.fmax(v, 0.0) for k, v in progress.items()}
+        total = sum(prog.values(), np.zeros((g, m)))
+        over = total > alloc
+        if over.any():
+            scale = np.where(over, alloc / np.where(total > 0, total, 1.0), 1.0)
+            prog = {k: v * scale for k, v in prog.items()}
+        rest = alloc - np.minimum(total, alloc)
+        # The telemetry-only seconds: observed in the same share as the whole minute.
+        obs_rest = rest * np.where(alloc > 0, obs / np.where(alloc > 0, alloc, 1.0), 0.0)
+    else:
+        obs_rest = obs
+        rest = alloc
     unobs_rest = rest - obs_rest
     # Claims in precedence order: each its increment over the largest claim before it.
     order = precedence(claims)
     flag_s = [0.0] * len(claims)
     top = np.zeros((g, m))
     incs: list[tuple[int, np.ndarray]] = []
-    stopped_any = np.zeros((g, m), dtype=bool)
+    stopped_any: np.ndarray | None = None
     stop_owner: list[tuple[int, np.ndarray]] = []
     for i in order:
         c = claims[i]
         if c.stopped is not None and c.severity == "critical" and c.kind in cats.stops_work:
-            mine = c.stopped & ~stopped_any
+            mine = c.stopped if stopped_any is None else c.stopped & ~stopped_any
             if mine.any():
                 stop_owner.append((i, mine))
-                stopped_any |= mine
+                stopped_any = mine.copy() if stopped_any is None else stopped_any | mine
         if c.frac is None:
             continue
-        f = np.clip(np.nan_to_num(c.frac, nan=0.0), 0.0, 1.0)
-        inc = np.maximum(f - top, 0.0)
+        f = np.minimum(np.fmax(c.frac, 0.0), 1.0)  # (fmax: NaN -> 0, a claim not measured is none)
+        inc = np.fmax(f - top, 0.0)
         if inc.any():
             incs.append((i, inc))
-            top = np.maximum(top, f)
-    # Where a work-stopping fault holds the GPU-minute, it explains all of it.
-    explain = np.where(stopped_any, 1.0, top)
-    idle_m = idle if idle is not None else np.zeros((g, m), dtype=bool)
+            top = np.fmax(top, f)
 
     def give(i: int, secs: np.ndarray) -> None:
         _add(out, claims[i].kind, secs)
         flag_s[i] += float(secs.sum())
 
-    # 1. telemetry-only observed seconds: claimed share, else productive (stopped + idle: the fault's)
+    if stopped_any is None:
+        # 1. telemetry-only observed seconds: the claims' increments, the rest productive
+        for i, inc in incs:
+            give(i, inc * obs_rest)
+        _add(out, PRODUCTIVE, obs_rest * (1.0 - top) if incs else obs_rest)
+        # 2. progress: productive and the spans stay; explainable causes go to the flags
+        explained = np.zeros((g, m)) if incs and prog else None
+        for k, v in prog.items():
+            if k == PRODUCTIVE or k not in cats.explainable or not incs:
+                _add(out, k, v)
+                continue
+            _add(out, k, v * (1.0 - top))
+            explained = v * top if explained is None else explained + v * top
+        if explained is not None:
+            share = explained / np.where(top > 0, top, 1.0)
+            for i, inc in incs:
+                give(i, inc * share)
+        # 3. neither: unknown
+        _add(out, UNOBSERVED, unobs_rest)
+        return Ledger(grid, out, flag_s)
+    # A work-stopping fault: from its start its GPUs' idle, unobserved and not-productive
+    # seconds are its own; observed activity after it stays as measured.
+    idle_m = idle if idle is not None else np.zeros((g, m), dtype=bool)
     stopped_obs = np.where(stopped_any & idle_m, obs_rest, 0.0)
     live = obs_rest - stopped_obs
+    top_live = np.where(stopped_any, 0.0, top)
     for i, inc in incs:
         give(i, np.where(stopped_any, 0.0, inc) * live)
-    # (a GPU-minute after the fault that still shows activity: its observed seconds as measured)
-    _add(out, PRODUCTIVE, live * (1.0 - np.where(stopped_any, 0.0, top)))
-    # 2. progress: productive stays; explainable causes go to the flags that explain them
+    _add(out, PRODUCTIVE, live * (1.0 - top_live))
+    explain = np.where(stopped_any, 1.0, top)
     explained_prog = np.zeros((g, m))
     for k, v in prog.items():
         if k == PRODUCTIVE or k not in cats.explainable:
@@ -249,10 +269,7 @@ def fold(grid: Grid, observed_s: np.ndarray, claims: Sequence[Claim] = (), *,
             continue
         _add(out, k, v * (1.0 - explain))
         explained_prog = explained_prog + v * explain
-    # 3. unobserved: the fault's where it stopped the GPU, else unknown
     _add(out, UNOBSERVED, np.where(stopped_any, 0.0, unobs_rest))
-    # Who gets the explained and stopped seconds: the stopping fault where it holds, else the
-    # claims in proportion to their increments.
     for i, mine in stop_owner:
         give(i, np.where(mine, unobs_rest + stopped_obs + explained_prog, 0.0))
     if incs:
@@ -505,9 +522,13 @@ def fold_job(uuids: Sequence[str], nodes: Sequence[str], start: float, end: floa
     led = fold(grid, observed, claims, idle=idle, progress=prog, cats=cats)
     n_faults = sum(1 for fd in findings if fd.kind in cats.stops_work and fd.severity == "critical")
     failures = max(restarts(progress) if progress else 0, n_faults)
-    out = summary(led.totals(), failures=failures, wall_s=max(0.0, end - start), price=price)
-    per_gpu = led.per_gpu()
-    out["by_gpu"] = [{"gpu_uuid": u, "categories": {k: round(float(v[i]) / 3600.0, 4) for k, v in per_gpu.items()
-                                                    if v[i] > 0}} for i, u in enumerate(uuids)]
+    names = list(led.seconds)
+    # (one reduction per category, rounded in one call: a report is written every pass)
+    per_gpu = np.array([led.seconds[k].sum(axis=1) for k in names]).reshape(len(names), g)
+    out = summary(dict(zip(names, per_gpu.sum(axis=1).tolist(), strict=True)), failures=failures,
+                  wall_s=max(0.0, end - start), price=price)
+    hours = np.round(per_gpu / 3600.0, 4).tolist()
+    out["by_gpu"] = [{"gpu_uuid": u, "categories": {k: h[i] for k, h in zip(names, hours, strict=True) if h[i] > 0}}
+                     for i, u in enumerate(uuids)]
     out["progress"] = bool(progress)
     return led, out
