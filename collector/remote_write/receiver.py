@@ -251,6 +251,12 @@ class Receiver:
                 conv = convert(req, self.series, self.rates, cluster=cluster, digest=digest, now=now,
                                max_age_s=cfg.max_age_s, max_future_s=cfg.max_future_s, max_rows=max_rows,
                                snapshots=self.snapshots)
+        if not v2 and conv.series == 0 and raw and wire.looks_like_v2(raw):
+            # A 1.0 decoder skips 2.0's fields (symbols, timeseries: numbers 4 and 5) as unknown:
+            # the body would be "stored" as nothing with a 200, and the sender never told.
+            return answer(415, "this is a remote write 2.0 body (io.prometheus.write.v2.Request) sent with the 1.0 "
+                               "Content-Type: send Content-Type: application/x-protobuf;"
+                               "proto=io.prometheus.write.v2.Request")
         return self._checked(conv, cluster, now, max_rows)
 
     def _checked(self, conv: Conversion, cluster: str, now: float, max_rows: int) -> Conversion:

@@ -246,6 +246,21 @@ def _decode(raw: bytes, known: Container[bytes]) -> WriteRequest:
     return out
 
 
+def looks_like_v2(raw: bytes) -> bool:
+    """Whether a body that decoded as 1.0 to no series holds 2.0's top-level fields instead
+    (4: symbols, 5: timeseries, both length-delimited), which 1.0 does not define."""
+    pos, end = 0, len(raw)
+    try:
+        while pos < end:
+            tag, pos = _varint(raw, pos)
+            if tag in (0x22, 0x2A):
+                return True
+            pos = _skip(raw, pos, tag & 7)
+    except (ProtocolError, IndexError):
+        return False
+    return False
+
+
 def _series(raw: bytes, pos: int, stop: int) -> Series:
     start = pos
     # Labels first (senders write them first): walk them only to find where they end.

@@ -85,3 +85,14 @@ def test_sender_chosen_names_are_bounded_in_bytes(sqlite_url: str, live_server: 
     assert _metric(m, "gpufleet_remote_write_cache_evictions_total", "families") >= 1
     if rw is not None:
         assert len(rw.rates.counter_families) * budget.ENTRY_OVERHEAD <= budget.FAMILY_BYTES
+
+
+def test_a_2_0_body_with_the_1_0_content_type_is_refused_not_dropped(sqlite_url: str, live_server: Any) -> None:
+    """Finding 11: a 2.0 body under 1.0's Content-Type decoded as an empty 1.0 request, was
+    answered 200 and nothing was stored; the sender never learned. Now 415, naming the fix."""
+    from tests.prometheus.prompb import request_v2
+
+    srv = live_server(sqlite_url)
+    t = int(time.time() * 1000) - 30_000
+    r = post(srv.url, request_v2([(GOOD, [(t, 50.0)])]))  # post() sends 1.0's Content-Type
+    assert r.status_code == 415 and "2.0" in r.text, r.text
