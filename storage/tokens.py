@@ -152,6 +152,9 @@ def authorize(engine: Engine, authorization_header: str | None, required: str, a
     ``identity`` is who the web layer already knows is calling without a header (a signed-in
     session or a trusted SSO proxy, ``api.auth``); it wins over anonymous access."""
     if not authorization_header and identity is not None:
+        why = unsupported_scope(identity)  # a session signed in before such tokens were refused
+        if why is not None:
+            raise AuthError(403, why)
         if not role_at_least(identity.role, required):
             raise AuthError(403, f"{identity.name} is signed in as {identity.role}; this needs {required}")
         return identity

@@ -98,6 +98,19 @@ def test_a_cluster_viewer_token_made_before_reads_nothing(database_url: str, liv
         assert r.status_code == 403 and "cluster" in r.json()["detail"], (path, r.text)
     r = httpx.post(srv.url + "/api/v1/auth/signin", json={"token": raw}, timeout=10)
     assert r.status_code == 401 and "cluster" in r.json()["detail"], r.text
+    # a session opened with it before the upgrade reads nothing either
+    from gpufleet.storage import sessions
+
+    e = make_engine(database_url)
+    try:
+        with e.connect() as c:
+            tid = c.execute(sa.text("select id from api_tokens where name = 'legacy2'")).scalar_one()
+        sid, _ = sessions._create(e, "legacy2", "viewer", "a", "token", tid, 3600.0, None)
+    finally:
+        e.dispose()
+    with httpx.Client(base_url=srv.url, timeout=10, cookies={"gpufleet_session": sid}) as c:
+        r = c.get("/api/v1/jobs")
+        assert r.status_code == 403 and "cluster" in r.json()["detail"], r.text
 
 
 # --- sign-in throttled per source ----------------------------------------------------------------
