@@ -43,6 +43,10 @@ from gpufleet.storage.writes import write_batches
 KNOWN = frozenset(("ts", "node", "gpu", "job", "user", "cluster", *CATALOG.names))
 CHUNK_LINES = 50_000
 MAX_LINE = 64 * 1024
+# Import work is bounded by lines (blank ones included: a 254 KB gzip of newlines is 254 M
+# lines, minutes of CPU per pass) and by time per pass, whatever the bytes allow.
+MAX_LINES = 20_000_000
+MAX_SECONDS = 600.0
 _decoder = msgspec.json.Decoder()
 
 
@@ -102,12 +106,18 @@ def _read_line(reader: IO[bytes], limit: int) -> bytes:
 
 def _lines(path: str, encoding: str, max_bytes: int | None, digest: Any = None) -> Iterator[tuple[int, bytes]]:
     total = 0
+    deadline = time.monotonic() + MAX_SECONDS
     with _open(path, encoding) as raw:
         # typeshed wants a RawIOBase under BufferedReader; any binary stream with read() works
         reader = io.BufferedReader(raw, 1 << 20) if not isinstance(raw, io.BufferedReader) else raw  # type: ignore[type-var]
         no = 0
         while line := _read_line(reader, MAX_LINE):
             no += 1
+            if no > MAX_LINES:
+                raise ImportError_(f"line {no}: more than {MAX_LINES} lines (blank ones included): split the file", 413)
+            if not no & 0xFFFF and time.monotonic() > deadline:
+                raise ImportError_(f"line {no}: reading the import took more than {MAX_SECONDS:.0f} s: split the "
+                                   "file", 413)
             total += len(line)
             if digest is not None:
                 digest.update(line)

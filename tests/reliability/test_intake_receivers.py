@@ -1,7 +1,9 @@
-"""Issue 38 finding 8: remote write answered some malformed series with a 5xx on every retry
-(gpu="1e30": 500; an NCCL Inspector series with rank 2^40: 503), so a Prometheus shard stalled
-on them. A series the database cannot store is a 4xx or dropped and counted, never a 5xx; the
-request's good series are stored."""
+"""Issue 38's findings on the receivers (remote write, import). Finding 8: remote write
+answered some malformed series with a 5xx on every retry (gpu="1e30": 500; an NCCL Inspector
+series with rank 2^40: 503), so a Prometheus shard stalled on them. A series the database
+cannot store is a 4xx or dropped and counted, never a 5xx; the request's good series are
+stored. Finding 10: sender-fed caches bounded in bytes. Finding 11: a 2.0 body under 1.0's
+Content-Type; an import of blank lines."""
 
 from __future__ import annotations
 
@@ -96,3 +98,20 @@ def test_a_2_0_body_with_the_1_0_content_type_is_refused_not_dropped(sqlite_url:
     t = int(time.time() * 1000) - 30_000
     r = post(srv.url, request_v2([(GOOD, [(t, 50.0)])]))  # post() sends 1.0's Content-Type
     assert r.status_code == 415 and "2.0" in r.text, r.text
+
+
+def test_an_import_of_blank_lines_is_bounded_by_lines(sqlite_url: str, live_server: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 11: a 254 KB gzip of blank lines (254 M lines) cost minutes of import CPU per
+    pass. Lines count against a bound whether blank or not (MAX_LINES, lowered here)."""
+    import gzip
+
+    import httpx
+
+    from gpufleet.collector import ndjson
+
+    monkeypatch.setattr(ndjson, "MAX_LINES", 100_000)
+    srv = live_server(sqlite_url)
+    body = gzip.compress(b"\n" * 1_000_000)
+    r = httpx.post(srv.url + "/api/v1/import", content=body, headers={"Content-Encoding": "gzip"}, timeout=60)
+    assert r.status_code == 413 and "lines" in r.json()["detail"], r.text
