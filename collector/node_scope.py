@@ -43,9 +43,12 @@ async def screen_node_scope(engine: Engine, facts: scope.NodeFactsCache, prep: P
 
 
 async def _facts(engine: Engine, facts: scope.NodeFactsCache, batch: Batch, fresh: bool) -> scope.NodeFacts:
+    a, jobs, now = batch.agent, [j.job_id for j in batch.jobs], time.time()
+    hit = None if fresh else facts.cached(a.cluster, a.node, jobs, now)
+    if hit is not None:  # the usual case: no thread hop on the ingest hot path
+        return hit
     try:
-        return await run_in_threadpool(facts.get, engine, batch.agent.cluster, batch.agent.node,
-                                       [j.job_id for j in batch.jobs], time.time(), fresh)
+        return await run_in_threadpool(facts.get, engine, a.cluster, a.node, jobs, now, fresh)
     except DBAPIError as e:
         if not (is_transient(e) or is_unreachable(e)):
             raise

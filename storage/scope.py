@@ -194,15 +194,23 @@ class NodeFactsCache:
         self._facts: dict[tuple[str, str], tuple[float, NodeFacts]] = {}
         self._lock = threading.Lock()
 
+    def cached(self, cluster: str, node: str, described: Iterable[str], now: float) -> NodeFacts | None:
+        """The remembered facts when they are recent and cover the jobs asked about (no I/O:
+        the event loop asks this first and leaves the database to a thread on a miss)."""
+        with self._lock:
+            hit = self._facts.get((cluster, node))
+        if hit is not None and now - hit[0] < self.ttl_s and frozenset(described) <= hit[1].asked:
+            return hit[1]
+        return None
+
     def get(self, engine: Engine, cluster: str, node: str, described: Iterable[str], now: float,
             fresh: bool = False) -> NodeFacts:
         """``fresh``: read again whatever is cached (before refusing anything: a job the node
         started since the cached read is on its GPUs now)."""
         asked = frozenset(described)
-        with self._lock:
-            hit = self._facts.get((cluster, node))
-        if not fresh and hit is not None and now - hit[0] < self.ttl_s and asked <= hit[1].asked:
-            return hit[1]
+        hit = None if fresh else self.cached(cluster, node, asked, now)
+        if hit is not None:
+            return hit
         with engine.connect() as conn:
             facts = node_facts(conn, cluster, node, asked, now)
         with self._lock:
