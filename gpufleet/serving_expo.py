@@ -11,10 +11,12 @@ A measure absent from a page stays absent: unknown, never zero.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpufleet.serving_metrics import Engine, ServingRegistry, serving_registry
 
@@ -237,3 +239,65 @@ def minutes_of(scrapes: Iterable[tuple[float, Mapping[str, Value]]],
         parts.setdefault(int(start // 60) * 60, []).append(d)
         prev, prev_t = snap, t
     return {m: fold(ds, reg) for m, ds in sorted(parts.items())}
+
+
+def value_to_json(v: Value) -> Any:
+    """A measure as it travels and is stored: a number, or {"b": bounds, "c": cumulative, "s": sum}
+    with the +inf bound written as null (JSON has no infinity)."""
+    if isinstance(v, Hist):
+        return {"b": [None if math.isinf(b) else b for b in v.bounds], "c": list(v.cum), "s": v.sum}
+    return float(v)
+
+
+def measures_to_json(snap: Mapping[str, Value]) -> dict[str, Any]:
+    return {k: value_to_json(v) for k, v in snap.items()}
+
+
+def measures_from_json(d: Any, registry: ServingRegistry | None = None) -> tuple[Snapshot, list[str]]:
+    """The measures of one record, and why any of them was refused (``measure: reason``); a refused
+    measure is left out, the others kept."""
+    reg = registry or serving_registry()
+    out: Snapshot = {}
+    errors: list[str] = []
+    if not isinstance(d, dict):
+        return out, ["measures: expected an object of measure -> value"]
+    for name, raw in d.items():
+        m = reg.measures.get(name)
+        if m is None:
+            errors.append(f"{name}: not a serving measure (one of {sorted(reg.measures)})")
+            continue
+        if m.kind == "histogram":
+            why = _hist_problem(raw)
+            if why:
+                errors.append(f"{name}: {why}")
+                continue
+            bounds = tuple(math.inf if b is None else float(b) for b in raw["b"])
+            out[name] = Hist(bounds, tuple(float(c) for c in raw["c"]), float(raw.get("s", 0.0)))
+        else:
+            if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+                errors.append(f"{name}: expected a finite number, got {raw!r}")
+            elif raw < 0 or (m.unit == "ratio" and raw > 1.0):
+                errors.append(f"{name}: {raw} is out of range for a {m.kind} in {m.unit}")
+            else:
+                out[name] = float(raw)
+    return out, errors
+
+
+def _hist_problem(raw: Any) -> str | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("b"), list) or not isinstance(raw.get("c"), list):
+        return 'expected {"b": bounds, "c": cumulative counts, "s": sum}'
+    b, c = raw["b"], raw["c"]
+    if not b or len(b) != len(c) or len(b) > 256:
+        return "bounds and counts must be non-empty lists of equal length (at most 256)"
+    if b[-1] is not None or any(x is None or isinstance(x, bool) or not isinstance(x, int | float) for x in b[:-1]):
+        return "bounds must be numbers with the last one null (+Inf)"
+    if any(y <= x for x, y in itertools.pairwise(b[:-1])):
+        return "bounds must increase"
+    if any(isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < 0 for x in c):
+        return "counts must be finite numbers >= 0"
+    if any(y < x for x, y in itertools.pairwise(c)):
+        return "counts must be cumulative (never decreasing)"
+    s = raw.get("s", 0.0)
+    if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s):
+        return "sum must be a finite number"
+    return None
