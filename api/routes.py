@@ -9,7 +9,16 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
 
-from . import routes_collectives, routes_fleet, routes_jobs, routes_ledger, routes_nodes, routes_ops, routes_progress
+from . import (
+    routes_collectives,
+    routes_fleet,
+    routes_jobs,
+    routes_ledger,
+    routes_nodes,
+    routes_ops,
+    routes_progress,
+    routes_serving,
+)
 from .deps import require_viewer
 from .metrics import metrics_for
 from .schemas import Message
@@ -21,7 +30,8 @@ _auth_errors: dict[int | str, dict[str, Any]] = {
     403: {"model": Message, "description": "the token's role may not read (agent tokens only write)"},
 }
 # routes_collectives, routes_progress, routes_ledger first: routes_jobs' /{job_id:path} would take their suffixes.
-for part in (routes_collectives, routes_progress, routes_ledger, routes_jobs, routes_nodes, routes_fleet):
+for part in (routes_collectives, routes_progress, routes_ledger, routes_jobs, routes_nodes, routes_fleet,
+             routes_serving):
     router.include_router(part.router, dependencies=_viewer, responses=_auth_errors)
 router.include_router(routes_ops.router)
 

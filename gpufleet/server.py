@@ -34,11 +34,13 @@ def _parts() -> list[ModuleType]:
     from gpufleet.api import web
     from gpufleet.api.auth import routes as auth_routes
     from gpufleet.collector import routes as collector_routes
+    from gpufleet.collector import serving_routes
     from gpufleet.collector.export import routes as export_routes
     from gpufleet.collector.remote_write import routes as remote_write_routes
 
     # remote write and export after the API: their lifespans add counters to its /metrics registry
-    return [collector_routes, api_routes, alert_routes, web, remote_write_routes, export_routes, auth_routes]
+    return [collector_routes, serving_routes, api_routes, alert_routes, web, remote_write_routes, export_routes,
+            auth_routes]
 
 
 def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifespan] | None = None) -> FastAPI:

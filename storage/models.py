@@ -263,5 +263,6 @@ from gpufleet.storage import (  # noqa: E402
     feature_models,  # noqa: F401
     gpu_ledger,  # noqa: F401
     progress_models,  # noqa: F401
+    serving_models,  # noqa: F401
     session_models,  # noqa: F401
 )
