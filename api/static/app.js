@@ -127,39 +127,59 @@
       h("section", {}, h("h2", {}, "Open flags, most severe first"), flagsBox),
       h("section", {}, h("h2", {}, `Top wasting jobs (${W.label})`), topJobs));
 
+    // The fleet's GPU-time ledger over the page's range (GET /api/v1/fleet/ledger): goodput,
+    // coverage, waste by cause and by user all come from it, so they add up to one total. Null
+    // where the server has no ledger yet (an older server): the summary's figures stand in.
+    const ledger = (group) => api(`/api/v1/fleet/ledger?${qs({ group_by: group, start: `-${W.key}` })}`)
+      .catch((e) => (e.status === 404 ? null : Promise.reject(e)));
+
     async function loadSummary() {
-      const s = await api(`/api/v1/fleet/summary?window=${W.key}`);
+      const [s, byCause, byUser] = await Promise.all([api(`/api/v1/fleet/summary?window=${W.key}`), ledger("cause"), ledger("user")]);
       await kindsReady;  // the waste bars are labelled with the registry's titles
-      fill(kpis, 
+      // the ledger once it holds GPU time for the range (analysis folds it per job-minute)
+      const L = byCause && byCause.total && byCause.total.allocated_gpu_hours > 0 ? byCause.total : null;
+      const ledgerKpis = L ? [
+        kpi(`Goodput ${W.label}`, pct(L.goodput), "productive / observed GPU time (the ledger; docs/goodput.md)"),
+        kpi(`Coverage ${W.label}`, pct(L.coverage), "observed / allocated GPU time: the rest had neither telemetry nor progress"),
+        kpi(...window.gpufleetFleet.wasteKpi({ wasted_gpu_hours_total: L.wasted_gpu_hours, allocated_gpu_hours: L.allocated_gpu_hours }, W)),
+      ] : [
+        ...(window.gpufleetFleetEttr ? [kpi("Fleet ETTR", ...window.gpufleetFleetEttr(s))] : []),
+        kpi(...window.gpufleetFleet.wasteKpi(s, W)),
+      ];
+      fill(kpis,
         kpi("SM active now", pct(s.current.sm_active), "mean over reporting GPUs, newest minute"),
         kpi("Tensor active now", pct(s.current.tensor_active)),
         kpi(`SM active ${W.label}`, pct(s.window.sm_active)),
         kpi(`Tensor active ${W.label}`, pct(s.window.tensor_active)),
         kpi("GPUs reporting", `${s.gpus_reporting} / ${s.gpus}`, `${s.nodes} nodes`),
         kpi("GPUs allocated", `${s.gpus_allocated}`),
-        ...(window.gpufleetFleetEttr ? [kpi("Fleet ETTR", ...window.gpufleetFleetEttr(s))] : []),
-        window.gpufleetFleet ? kpi(...window.gpufleetFleet.wasteKpi(s, W)) : kpi("Wasted GPU-h 24 h", gh(s.wasted_gpu_hours_total)),
+        ...ledgerKpis,
         openFlagsKpi(s.open_flags));
-      const causes = Object.entries(s.wasted_gpu_hours).filter(([, v]) => v > 0);
+      const causes = L ? byCause.groups.filter((g) => g.kind === "badput" && g.gpu_hours > 0).map((g) => [g.key, g.gpu_hours])
+        : Object.entries(s.wasted_gpu_hours).filter(([, v]) => v > 0);
+      const title = (k) => (L ? ((byCause.categories || []).find((c) => c.name === k) || {}).title || kindTitle(k) : kindTitle(k));
       const max = Math.max(1e-9, ...causes.map(([, v]) => v || 0));
-      fill(waste, causes.length ? causes.map(([k, v]) => h("div", { class: "bar", "data-kind": k }, h("span", { title: k }, kindTitle(k)),
+      fill(waste, causes.length ? causes.map(([k, v]) => h("div", { class: "bar", "data-kind": k }, h("span", { title: k }, title(k)),
         h("div", { class: "track" }, h("div", { class: "fill", style: { width: `${((v || 0) / max) * 100}%` } })),
-        h("span", { class: "n" }, gh(v)))) : h("p", { class: "muted" }, `No waste flagged in the last ${W.label}.`));
+        h("span", { class: "n" }, gh(v)))) : h("p", { class: "muted" }, `No waste in the last ${W.label}.`));
       const wasters = s.top_jobs.filter((j) => j.wasted_gpu_hours > 0);
-      const wastingUsers = s.top_users.filter((u) => u.wasted_gpu_hours > 0);
+      const users = L && byUser ? byUser.groups.map((g) => ({ user: g.key, jobs: g.jobs, allocated_gpu_hours: g.allocated_gpu_hours,
+        wasted_gpu_hours: g.wasted_gpu_hours, goodput: g.goodput })) : s.top_users;
+      const wastingUsers = users.filter((u) => u.wasted_gpu_hours > 0).slice(0, 10);
       fill(topJobs, wasters.length ? table([
         { label: "Job", get: (j) => h("a", { href: jobHref(j.cluster, j.job_id) }, j.job_id) },
         { label: "Name", get: (j) => h("span", { class: "trunc" }, j.name ?? "") },
         { label: "User", get: (j) => j.user ?? dash },
         { label: "Wasted GPU-h", n: true, get: (j) => gh(j.wasted_gpu_hours) },
-        { label: "Score", n: true, get: (j) => pct(j.goodput_score) },
-      ], wasters) : h("p", { class: "muted" }, s.top_jobs.length ? "No job wasted GPU time." : "No analysed jobs yet."));
+        { label: "Goodput", n: true, title: "productive / observed GPU time (the job's ledger)", get: (j) => pct(j.goodput_score) },
+      ], wasters, { class: "topjobs" }) : h("p", { class: "muted" }, s.top_jobs.length ? "No job wasted GPU time." : "No analysed jobs yet."));
       fill(topUsers, wastingUsers.length ? table([
         { label: "User", get: (u) => h("a", { href: `/jobs?${qs({ user: u.user ?? "", sort: "waste" })}` }, u.user ?? dash) },
         { label: "Jobs", n: true, get: (u) => u.jobs },
         { label: "Allocated GPU-h", n: true, get: (u) => gh(u.allocated_gpu_hours) },
         { label: "Wasted GPU-h", n: true, get: (u) => gh(u.wasted_gpu_hours) },
-      ], wastingUsers) : h("p", { class: "muted" }, s.top_users.length ? "No user wasted GPU time." : "No analysed jobs yet."));
+        ...(L && byUser ? [{ label: "Goodput", n: true, title: "productive / observed GPU time", get: (u) => pct(u.goodput) }] : []),
+      ], wastingUsers, { class: "topusers" }) : h("p", { class: "muted" }, users.length ? "No user wasted GPU time." : "No analysed jobs yet."));
     }
 
     async function loadGrid() {
@@ -252,7 +272,7 @@
       { label: "SM", n: true, title: "mean sm_active (report)", get: (j) => pct(j.sm_active_mean) },
       { label: "Tensor", n: true, get: (j) => pct(j.tensor_active_mean) },
       { label: "Wasted GPU-h", n: true, sort: "waste", get: (j) => gh(j.wasted_gpu_hours) },
-      { label: "Score", n: true, title: "goodput score 0..1", get: (j) => pct(j.goodput_score) },
+      { label: "Goodput", n: true, title: "productive / observed GPU time (the job's ledger)", get: (j) => pct(j.goodput_score) },
       { label: "Flags", get: (j) => j.flags.map(chip) },
     ];
     function draw(more) {

@@ -49,23 +49,27 @@
       axes: [{ stroke: "#8b949e", values: window.gpufleetFmt.TIME_AXIS }, { stroke: "#8b949e", size: 56 }] }, data, box);
   }
 
-  window.gpufleetGoodput = async (el, base, cluster, job) => {
+  // ``ledger``: the job's GPU-time ledger summary (job.js); when there is one, the ETTR and where
+  // the time went are the ledger's (one model), and this panel adds what only progress knows.
+  window.gpufleetGoodput = async (el, base, cluster, job, ledger) => {
     const g = job.goodput;
     if (!g || g.source !== "progress") {
       el.append(h("p", { class: "muted", id: "goodput-view", "data-source": "hardware" },
-        "Hardware view: this job reports no progress of its own (gpufleet.progress), so goodput above is the hardware estimate."));
+        ledger ? "This job reports no progress of its own (gpufleet.progress): the ledger above judges its GPU time from telemetry alone."
+          : "Hardware view: this job reports no progress of its own (gpufleet.progress), so goodput above is the hardware estimate."));
       return;
     }
     el.append(h("p", { class: "muted", id: "goodput-view", "data-source": "progress" },
       `From the job's own progress: ${g.ranks} rank${g.ranks === 1 ? "" : "s"}, ${g.steps} steps, allocation from ${g.allocation_source}.`));
     el.append(h("div", { class: "kpis" },
-      kpi("ETTR", pct(g.ettr), "productive step time / allocated time"),
-      kpi("Productive", secs(g.productive_s), `of ${secs(g.allocated_s)} allocated`),
+      ledger ? kpi("ETTR", pct(ledger.ettr), "productive / allocated GPU time (the job's ledger)")
+        : kpi("ETTR", pct(g.ettr), "productive step time / allocated time"),
+      ledger ? null : kpi("Productive", secs(g.productive_s), `of ${secs(g.allocated_s)} allocated`),
       kpi("Tokens/s", num(g.tokens_per_s, 0), g.tokens_per_gpu_s === null ? "" : `${num(g.tokens_per_gpu_s, 0)} per GPU`),
       kpi("MFU", pct(g.mfu), g.achieved_tflops === null ? "FLOPs per step not reported" : `${num(g.achieved_tflops, 2)} TFLOP/s achieved`),
       kpi("Step time", g.step_time_p50_s === null ? dash : `${num(g.step_time_p50_s, 3)} s`, `p95 ${num(g.step_time_p95_s, 3)} s`),
       kpi("Restarts", `${g.restarts}`, g.lost_steps ? `${window.gpufleetFmt.plural(g.lost_steps, "step", "steps")} redone` : "")));
-    el.append(h("h3", {}, "Where the allocated time went"), badputBars(g));
+    if (!ledger) el.append(h("h3", {}, "Where the allocated time went"), badputBars(g));  // else the ledger's, above
     const finds = g.findings || [];
     // titles, labels and units from the registry (evidence.js); a kind it lacks shows its name
     const E = window.gpufleetEvidence;

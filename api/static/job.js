@@ -39,12 +39,23 @@
     const linkReq = api(`${base}/timeseries?${qs({ cluster, gpu: "none", fields: LINK_FIELDS.map((l) => l[0]).join(",") })}`);
     const tlReq = api(`${base}/timeline?${qs({ cluster })}`);
     const catReq = api("/api/v1/catalog");
+    // the job's GPU-time ledger (GET .../ledger); null where the server has none yet
+    const ledReq = api(`${base}/ledger?${qs({ cluster })}`).catch(() => null);
+    // the categories' titles live with the ledger (analysis/ledger_categories.toml, served with
+    // the fleet ledger): a one-minute range carries them without summing anything
+    const catTitlesReq = api("/api/v1/fleet/ledger?group_by=cause&start=-60s").then((r) => r.categories || [], () => []);
     for (const r of [tsReq, linkReq, tlReq, catReq]) r.catch(() => null);  // a 404 is reported once, by the detail call
     let j;
     try { j = await api(`${base}?${qs({ cluster })}`); } catch (e) { return c.fail(e); }
     await c.kindsReady;
     if (X) await X.ready;
     const s = j.summary;
+    // One model (docs/goodput.md, "The ledger"): goodput, coverage and waste come from the ledger,
+    // the REST one, else the report's own summary of it; no hardware score beside another ETTR.
+    const has = (l) => (l && l.allocated_gpu_hours > 0 ? l : null);
+    const L = has(await ledReq) || has(j.report && j.report.ledger);
+    const catTitles = Object.fromEntries((await catTitlesReq).map((x) => [x.name, x.title]));
+    const F = window.gpufleetFmt;
     const header = h("div", {},
       h("h1", {}, `Job ${j.job_id}`, j.name ? h("span", { class: "muted" }, ` · ${j.name}`) : null),
       h("div", { class: "meta" },
@@ -60,10 +71,17 @@
         h("a", { href: `${base}?${qs({ cluster, format: "csv" })}`, id: "csv-link", class: "sep" }, "per-GPU CSV")),
       Object.keys(j.labels || {}).length ? h("div", { class: "meta" }, "labels ",
         Object.entries(j.labels).map(([k, v]) => h("span", { class: "chip" }, `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`))) : null);
-    const kp = h("div", { class: "kpis" },
-      kpi("Goodput score", pct(s.goodput_score), s.source === "live" ? "no report yet" : ""),
-      kpi("Allocated GPU-h", gh(s.allocated_gpu_hours)),
-      kpi("Wasted GPU-h", gh(s.wasted_gpu_hours)),
+    const kp = h("div", { class: "kpis", id: "job-kpis" },
+      ...(L ? [
+        kpi("Goodput", pct(L.goodput), "productive / observed GPU time (the job's ledger)"),
+        kpi("Coverage", pct(L.coverage), "observed / allocated GPU time: the rest had neither telemetry nor progress"),
+        kpi("Allocated GPU-h", gh(L.allocated_gpu_hours)),
+        kpi("Wasted GPU-h", gh(L.wasted_gpu_hours), L.cost !== null && L.cost !== undefined ? `${L.cost} ${L.currency || ""}` : ""),
+      ] : [
+        kpi("Goodput", pct(s.goodput_score), s.source === "live" ? "no report yet" : "productive / observed GPU time"),
+        kpi("Allocated GPU-h", gh(s.allocated_gpu_hours)),
+        kpi("Wasted GPU-h", gh(s.wasted_gpu_hours)),
+      ]),
       kpi("SM active", pct(s.sm_active_mean)), kpi("Tensor active", pct(s.tensor_active_mean)),
       kpi("DRAM active", pct(s.dram_active_mean)), kpi("MFU (est.)", pct(s.mfu_estimate), "tensor_active x peak dense TFLOP/s"),
       kpi("Power", s.power_w_mean === null || s.power_w_mean === undefined ? dash : `${num(s.power_w_mean, 0)} W`));
@@ -77,7 +95,20 @@
     const perGpu = h("div");
     const collEl = h("div", { id: "collectives" });  // filled by collectives.js (docs/nccl.md)
     const goodEl = h("div", { id: "goodput" });  // filled by goodput.js (docs/progress.md)
-    fill(root, header, kp, h("h2", {}, "Goodput from the job's progress"), goodEl, h("h2", {}, "Flags"), c.flagCards(j),
+    // Where the allocated GPU time went: every category of the ledger once, adding up to 100%
+    const ledgerEl = L ? ledgerTable(L) : null;
+    function ledgerTable(l) {
+      const titles = catTitles;
+      const a = l.allocated_gpu_hours || 0;
+      const rows = Object.entries(l.categories || {}).filter(([, v]) => v > 0).sort((x, y) => y[1] - x[1]);
+      const color = (k) => (k === "productive" ? "#3fb950" : k === "unobserved" ? "#484f58" : "#d29922");
+      return h("table", { id: "ledger", class: "badput" }, h("tbody", {}, rows.map(([k, v]) => h("tr", { "data-cause": k },
+        h("td", {}, k === "unobserved" ? "unobserved (no telemetry, no progress)" : titles[k] || c.kindTitle(k).replace(/_/g, " ")),
+        h("td", { class: "n" }, `${gh(v)} GPU-h`), h("td", { class: "n" }, a ? F.pct(v / a, 1) : dash),
+        h("td", { style: { width: "50%" } }, h("div", { style: { background: color(k), height: "10px", width: `${a ? Math.min(100, (100 * v) / a) : 0}%` } }))))));
+    }
+    fill(root, header, kp, ledgerEl ? h("h2", {}, "Where the allocated GPU time went") : null, ledgerEl,
+      h("h2", {}, "Progress (the job's own steps)"), goodEl, h("h2", {}, "Flags"), c.flagCards(j),
       h("div", { class: "sticky-range" }, h("h2", {}, "Time range ", h("span", { class: "muted", id: "range-label" })), picker),
       eventsEl, h("h2", {}, "GPU x time heatmap"), heatEl,
       h("h2", {}, "Per GPU (bold: job mean)"), legendEl, charts,
@@ -274,7 +305,7 @@
 
     C.lazy(nicEl, () => nicCharts().catch((e) => state.errors.push(String(e))));
     C.lazy(cmpEl, () => compare().catch((e) => state.errors.push(String(e))));
-    if (window.gpufleetGoodput) await window.gpufleetGoodput(goodEl, base, cluster, j).catch((e) => state.errors.push(String(e)));
+    if (window.gpufleetGoodput) await window.gpufleetGoodput(goodEl, base, cluster, j, L).catch((e) => state.errors.push(String(e)));
     c.done();
     // after done(): the panel loads on its own and never delays the page's own charts
     if (window.gpufleetCollectives) window.gpufleetCollectives(collEl, base, cluster).catch((e) => state.errors.push(String(e)));
@@ -312,7 +343,7 @@
     async function compare() {
       const prev = await api(`${base}/previous-runs?${qs({ cluster })}`).catch(() => ({ data: [] }));
       const sel = h("select", { id: "compare-run" }, h("option", { value: "" }, prev.data.length ? "previous runs of this name…" : "no previous run of this name"),
-        prev.data.map((r) => h("option", { value: r.job_id }, `${r.job_id} · ${when(r.start_ts)} · ${r.n_gpus} GPUs · score ${pct(r.goodput_score)}`)));
+        prev.data.map((r) => h("option", { value: r.job_id }, `${r.job_id} · ${when(r.start_ts)} · ${r.n_gpus} GPUs · goodput ${pct(r.goodput_score)}`)));
       const input = h("input", { id: "compare-id", placeholder: "or a job id", size: 14 });
       const out = h("div", { id: "compare-out" });
       const go = (id) => { if (id) run(id.trim()).catch((e) => fill(out, h("p", { class: "error" }, `Could not compare: ${e.message}`))); };
@@ -331,7 +362,7 @@
         fill(out, table([
           { label: "Job", get: (r) => h("a", { href: c.jobHref(cluster, r.job_id) }, r.job_id) },
           { label: "Start", get: (r) => when(r.start_ts) }, { label: "GPUs", n: true, get: (r) => r.n_gpus },
-          { label: "Score", n: true, get: (r) => pct(r.summary.goodput_score) },
+          { label: "Goodput", n: true, get: (r) => pct(r.summary.goodput_score) },
           { label: "SM active", n: true, get: (r) => pct(r.summary.sm_active_mean) },
           { label: "Tensor active", n: true, get: (r) => pct(r.summary.tensor_active_mean) },
           { label: "Wasted GPU-h", n: true, get: (r) => gh(r.summary.wasted_gpu_hours) },

@@ -105,7 +105,7 @@ def test_severity_first_and_numbers_match_the_api(web: tuple[Page, Seeded], sqli
     pg = p.open("/jobs")
     assert _col(pg, "table.jobs", "Job") == [j["job_id"] for j in jobs]
     assert _col(pg, "table.jobs", "Wasted GPU-h") == [gh(j["wasted_gpu_hours"]) for j in jobs]
-    assert _col(pg, "table.jobs", "Score") == [pct(j["goodput_score"]) for j in jobs]
+    assert _col(pg, "table.jobs", "Goodput") == [pct(j["goodput_score"]) for j in jobs]
     assert _col(pg, "table.jobs", "GPUs") == [str(j["n_gpus"]) for j in jobs]
     p.shot("numbers-jobs")
 
@@ -116,7 +116,7 @@ def test_severity_first_and_numbers_match_the_api(web: tuple[Page, Seeded], sqli
           for k in pg.locator(".kpis").first.locator(".kpi").all()}
     assert kp["allocated gpu-h"] == gh(j["summary"]["allocated_gpu_hours"])
     assert kp["wasted gpu-h"] == gh(j["summary"]["wasted_gpu_hours"])
-    assert kp["goodput score"] == pct(j["summary"]["goodput_score"])
+    assert kp["goodput"] == pct(j["summary"]["goodput_score"])
     fault_marks = pg.locator("#gpu-legend .lg", has_text="Hardware fault").evaluate_all(
         "els => els.map(e => e.dataset.gpu)")
     assert fault_marks == [faulted]

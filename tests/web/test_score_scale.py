@@ -66,7 +66,7 @@ def test_engine_scores_render_as_percent_everywhere(browser: Any, sqlite_url: st
         p = Page(ctx.new_page(), srv.url)
         pg = p.open("/jobs")
         rows = {r["Job"]: r for r in _table(pg, "main")}
-        assert {k: _pct(rows[k]["Score"]) for k in want} == want
+        assert {k: _pct(rows[k]["Goodput"]) for k in want} == want
 
         pg = p.open("/")
         sec = pg.locator("section", has=pg.locator("h2", has_text="Top wasting jobs"))
@@ -74,13 +74,13 @@ def test_engine_scores_render_as_percent_everywhere(browser: Any, sqlite_url: st
         heads = sec.locator("thead th").all_inner_texts()
         rows_ = [dict(zip(heads, tr.locator("td").all_inner_texts(), strict=True))
                  for tr in sec.locator("tbody tr").all()]
-        seen = {r["Job"]: _pct(r["Score"]) for r in rows_}
+        seen = {r["Job"]: _pct(r["Goodput"]) for r in rows_}
         assert seen and all(want[k] == v for k, v in seen.items() if k in want), (seen, want)
         assert "s-idle" in seen
 
         for job_id, score in want.items():
             pg = p.open(f"/jobs/{job_id}")
-            kpi = pg.locator(".kpi", has_text="Goodput score").locator(".v").inner_text()
+            kpi = pg.locator(".kpi", has_text="Goodput").locator(".v").inner_text()
             assert _pct(kpi) == score
         # the engine's coverage note and each flag's confidence, labelled from the registry
         pg = p.open("/jobs/s-idle")
