@@ -7,6 +7,8 @@
 #   throwaway databases, named gpufleet_t<pid>_*, and touch nothing else); otherwise a
 #   throwaway instance started here from the installed server binaries.
 # - Redis: always a throwaway redis-server on a free port.
+# - Then scripts/smoke_wheel.sh: the built wheel, installed and run as the README's production
+#   section says (skipped when pytest arguments select a subset; GPUFLEET_SMOKE=1 forces it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -93,3 +95,10 @@ log "mypy (strict on core, collector, storage, analysis: pyproject.toml [tool.my
 PY="$VENV/bin/python" bash "$ROOT/scripts/typecheck.sh"
 log "pytest (every database test runs on SQLite and PostgreSQL)"
 "$VENV/bin/python" -m pytest -ra -q -p no:cacheprovider "$@"
+# The artifact users install: wheel and sdist contents, then the README's production section on
+# the built wheel in fresh virtualenvs (PostgreSQL, Redis, Chromium; a few minutes). A run given
+# pytest arguments (a subset) skips it; GPUFLEET_SMOKE=1 forces it, GPUFLEET_SMOKE=0 skips it.
+if [ "${GPUFLEET_SMOKE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" = 1 ]; then
+  log "production smoke test on the built wheel (scripts/smoke_wheel.sh)"
+  GPUFLEET_VENV="$VENV" bash "$ROOT/scripts/smoke_wheel.sh"
+fi

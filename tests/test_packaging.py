@@ -1,33 +1,84 @@
-"""`pip install 'gpufleet[agent]'` gives a working agent without the server's packages."""
+"""The wheel users install: it holds every file of the package folders (the dashboard's JS, CSS
+and SVG, TOML, migrations), and `pip install 'gpufleet[agent]'` from it gives a working agent
+without the server's packages. scripts/smoke_wheel.sh (run by scripts/test.sh) goes on to
+install `[server]` and run the README's production section on it."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import venv
+import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SERVER_PACKAGES = ["fastapi", "sqlalchemy", "celery", "alembic", "numpy", "pydantic"]
+PIP_ENV = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def _smoke() -> ModuleType:
+    """scripts/smoke_wheel.py: the one home of what the wheel must hold."""
+    spec = importlib.util.spec_from_file_location("smoke_wheel", REPO / "scripts" / "smoke_wheel.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="module")
-def agent_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(wheel, the tree copy it was built from), built as the README says: pip wheel --no-deps."""
+    # Build from a copy: an in-place build would race with other test processes.
+    src = tmp_path_factory.mktemp("src") / "gpufleet"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info",
+                                                             "artifacts", "gpufleet-data", "__pycache__", ".*_cache",
+                                                             ".hypothesis", "node_modules"))
+    out = tmp_path_factory.mktemp("dist")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+                       capture_output=True, text=True, timeout=600, env=PIP_ENV)
+    if r.returncode != 0:
+        pytest.fail(f"pip wheel failed:\n{r.stdout}\n{r.stderr}")
+    return next(out.glob("gpufleet-*.whl")), src
+
+
+@pytest.fixture(scope="module")
+def agent_venv(tmp_path_factory: pytest.TempPathFactory, built: tuple[Path, Path]) -> Path:
     d = tmp_path_factory.mktemp("agent-venv")
     venv.EnvBuilder(with_pip=True, clear=True).create(d)
     py = d / "bin" / "python"
-    # Build from a copy: an in-place build would race with other test processes.
-    src = tmp_path_factory.mktemp("src") / "gpufleet"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "artifacts",
-                                                             "gpufleet-data", "__pycache__", ".*_cache"))
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{src}[agent]"], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", f"gpufleet[agent] @ file://{built[0]}"],
+                       capture_output=True, text=True, timeout=600, env=PIP_ENV)
     if r.returncode != 0:
-        pytest.fail(f"pip install '.[agent]' failed:\n{r.stdout}\n{r.stderr}")
+        pytest.fail(f"pip install 'gpufleet[agent]' from the wheel failed:\n{r.stdout}\n{r.stderr}")
     return d
+
+
+def test_wheel_holds_every_file_of_the_package_folders(built: tuple[Path, Path]) -> None:
+    """The server's parts too: the dashboard's static files once were missing (api/static/ is no
+    package), and `serve` answered 500 on /static/app.css."""
+    wheel, src = built
+    names = zipfile.ZipFile(wheel).namelist()
+    assert _smoke().check_wheel(names, src) == []
+    for asset in ("gpufleet/api/static/app.css", "gpufleet/api/static/app.js", "gpufleet/api/static/favicon.svg",
+                  "gpufleet/api/static/auth/signin.js", "gpufleet/catalog.toml", "gpufleet/migrations/script.py.mako",
+                  "gpufleet/migrations/versions/0001_initial.py"):
+        assert asset in names, asset
+
+
+def test_server_extra_has_what_worker_and_beat_import() -> None:
+    """`gpufleet worker`/`beat` after pip install 'gpufleet[server]': celery imports packaging, and
+    kombu's Redis transport comes with celery[redis]."""
+    import tomllib
+
+    server = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["server"]
+    names = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in server}
+    assert {"celery[redis]", "packaging", "redis"} <= names, names
 
 
 def test_agent_extra_pulls_no_server_packages(agent_venv: Path) -> None:
