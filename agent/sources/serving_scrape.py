@@ -1,0 +1,176 @@
+"""Scrape inference engines' own metrics endpoints and fold them into per-minute replica records.
+
+Which endpoint belongs to which replica, three ways:
+
+* Kubernetes pod annotations (``targets_from_pods``): a pod annotated
+  ``gpufleet.io/serving-engine: vllm`` (or sglang, tgi, triton, dynamo) is scraped at
+  ``http://<podIP>:<gpufleet.io/serving-port or prometheus.io/port>/<…path, default /metrics>``;
+  its deployment is ``gpufleet.io/deployment`` (else the ``app.kubernetes.io/name`` or ``app``
+  label, else the pod name without its ReplicaSet hashes); ``gpufleet.io/slo-*`` annotations set
+  the deployment's SLO (docs/serving.md).
+* A configured port per workload (``targets_from_config``): ``{"job": glob on the job id, "engine",
+  "port", "path"?, "deployment"?}`` for jobs the attribution found on this node.
+* On Slurm (or any bare process), the serving process's own port (``listening_ports``): the TCP
+  ports its processes listen on, read from /proc (the root is injected, as everywhere in the agent).
+
+The replica's GPUs are the GPUs the existing GPU -> job attribution gives its job; the scrape only
+names the job. Fetching is injected (``fetch(url) -> text``) so tests serve real pages over HTTP
+or hand them in. Pure folding lives in gpufleet/serving_expo.py.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.serving_expo import ExpositionError, Snapshot, delta, fold, measures_to_json, parse_exposition, snapshot
+from gpufleet.serving_metrics import serving_registry
+
+ANNOTATION_ENGINE = "gpufleet.io/serving-engine"
+ANNOTATION_PORT = "gpufleet.io/serving-port"
+ANNOTATION_PATH = "gpufleet.io/serving-path"
+ANNOTATION_DEPLOYMENT = "gpufleet.io/deployment"
+SLO_PREFIX = "gpufleet.io/slo-"
+_HASHES = re.compile(r"(-[a-z0-9]{8,10})?-[a-z0-9]{5}$")  # <deployment>-<replicaset hash>-<pod hash>
+
+
+@dataclass(frozen=True, slots=True)
+class ServingTarget:
+    deployment: str
+    replica: str  # the job id the attribution uses for the replica's GPUs (namespace/pod, Slurm job id)
+    engine: str
+    url: str
+    slo_labels: tuple[tuple[str, str], ...] = ()
+
+
+def targets_from_pods(pods: Iterable[Mapping[str, Any]]) -> tuple[list[ServingTarget], list[str]]:
+    """Targets from pod objects (the kubelet's /pods or the API's list); and why a pod was skipped."""
+    engines = serving_registry().engines
+    out, skipped = [], []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        engine = ann.get(ANNOTATION_ENGINE)
+        if engine is None:
+            continue
+        name, ns = str(meta.get("name", "")), str(meta.get("namespace", "default"))
+        ip = (pod.get("status") or {}).get("podIP")
+        port = ann.get(ANNOTATION_PORT) or ann.get("prometheus.io/port")
+        if engine not in engines:
+            skipped.append(f"{ns}/{name}: {ANNOTATION_ENGINE}={engine!r} is not one of {sorted(engines)}")
+            continue
+        if not ip or not str(port or "").isdigit():
+            skipped.append(f"{ns}/{name}: no pod IP yet or no {ANNOTATION_PORT} (a port number)")
+            continue
+        path = ann.get(ANNOTATION_PATH) or ann.get("prometheus.io/path") or "/metrics"
+        labels = meta.get("labels") or {}
+        deployment = (ann.get(ANNOTATION_DEPLOYMENT) or labels.get("app.kubernetes.io/name") or labels.get("app")
+                      or _HASHES.sub("", name))
+        slo = tuple(sorted((k, str(v)) for k, v in ann.items() if k.startswith(SLO_PREFIX)))
+        out.append(ServingTarget(str(deployment), f"{ns}/{name}", engine, f"http://{ip}:{port}{path}", slo))
+    return out, skipped
+
+
+def targets_from_config(rules: Iterable[Mapping[str, Any]], job_ids: Iterable[str],
+                        host: str = "127.0.0.1") -> list[ServingTarget]:
+    """Targets for the jobs on this node that a configured rule names (first rule that matches)."""
+    out = []
+    for job in sorted(set(job_ids)):
+        for rule in rules:
+            if fnmatch.fnmatchcase(job, str(rule.get("job", "*"))):
+                path = str(rule.get("path", "/metrics"))
+                out.append(ServingTarget(str(rule.get("deployment") or job), job, str(rule["engine"]),
+                                         f"http://{host}:{int(rule['port'])}{path}"))
+                break
+    return out
+
+
+def listening_ports(proc_root: Path, pids: Iterable[int]) -> list[int]:
+    """TCP ports the processes listen on (IPv4 and IPv6), from /proc/<pid>/fd and /proc/<pid>/net/tcp*."""
+    ports: set[int] = set()
+    for pid in pids:
+        inodes = set()
+        try:
+            for fd in (proc_root / str(pid) / "fd").iterdir():
+                try:
+                    target = str(fd.readlink())
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+        for table in ("tcp", "tcp6"):
+            try:
+                lines = (proc_root / str(pid) / "net" / table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                parts = line.split()
+                if len(parts) > 9 and parts[3] == "0A" and parts[9] in inodes:  # 0A = LISTEN
+                    ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+@dataclass
+class _Replica:
+    target: ServingTarget
+    last: Snapshot | None = None
+    last_t: float | None = None
+    parts: dict[int, list[Snapshot]] = field(default_factory=dict)
+
+
+@dataclass
+class ServingScraper:
+    """Scrapes each target, keeps its last snapshot, and hands out whole minutes as records."""
+
+    fetch: Callable[[str], str]
+    replicas: dict[tuple[str, str], _Replica] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # url -> the last failure (surfaced, not hidden)
+    max_minutes: int = 60  # minutes kept per replica while the collector is unreachable (bounded)
+
+    def set_targets(self, targets: Iterable[ServingTarget]) -> None:
+        keep = {}
+        for t in targets:
+            key = (t.deployment, t.replica)
+            old = self.replicas.get(key)
+            keep[key] = old if old is not None and old.target == t else _Replica(t)
+        self.replicas = keep
+
+    def scrape(self, now: float) -> None:
+        for rep in self.replicas.values():
+            try:
+                snap = snapshot(parse_exposition(self.fetch(rep.target.url)), rep.target.engine)
+            except (OSError, ExpositionError, ValueError) as e:
+                self.errors[rep.target.url] = f"{type(e).__name__}: {e}"
+                continue
+            self.errors.pop(rep.target.url, None)
+            d = delta(rep.last, snap)
+            start = now if rep.last_t is None else rep.last_t
+            minute = int(start // 60) * 60
+            rep.parts.setdefault(minute, []).append(d)
+            while len(rep.parts) > self.max_minutes:
+                rep.parts.pop(min(rep.parts))
+            rep.last, rep.last_t = snap, now
+
+    def drain(self, now: float, gpus_of: Callable[[str], list[str]]) -> list[dict[str, Any]]:
+        """Records of the minutes that ended before ``now`` (each once); ``gpus_of(job)`` is the GPU
+        -> job attribution's answer for the replica's job."""
+        out = []
+        for rep in self.replicas.values():
+            for minute in sorted(m for m in rep.parts if m + 60 <= now):
+                measures = fold(rep.parts.pop(minute))
+                if not measures:
+                    continue
+                uuids = gpus_of(rep.target.replica)
+                out.append({"deployment": rep.target.deployment, "replica": rep.target.replica, "minute": minute,
+                            "engine": rep.target.engine, "gpus": len(uuids), "gpu_uuids": uuids,
+                            "job_id": rep.target.replica, "measures": measures_to_json(measures)})
+        return out
+
+    def deployment_labels(self) -> dict[str, dict[str, str]]:
+        return {r.target.deployment: dict(r.target.slo_labels) for r in self.replicas.values() if r.target.slo_labels}
