@@ -108,3 +108,41 @@ def test_node_token_writes_only_for_jobs_on_its_own_gpus(database_url: str, live
     d.jobs = [JobInfo(job_id="777", source="slurm", user="bob", name="train-renamed")]
     assert post(srv.url, d, token=tr).status_code == 200
     assert _job(database_url, "777") == ("bob", "train-renamed", "ml-team")
+
+
+def test_screen_decisions_without_a_database() -> None:
+    """storage.scope's pure part: what counts as the node's own job, and what a shared job's
+    description may do."""
+    from gpufleet.protocol import Allocation
+    from gpufleet.storage.scope import NodeFacts, needs_facts, screen_node_records
+
+    b = make_batch("n1", gpus=1, seconds=1, start=time.time() - 60, job="mine")
+    b.allocations = [Allocation(gpu_uuid=b.gpus[0].uuid, job_id="alloc-own", since=time.time() - 90),
+                     Allocation(gpu_uuid="GPU-someone-elses", job_id="alloc-foreign", since=time.time() - 90)]
+    b.progress = [_window("mine"), _window("alloc-own"), _window("alloc-foreign"), _window("db-own")]
+    b.collectives = [_collective("db-own")]
+    b.collectives[0].job_id = None  # no job named: nothing to decide
+    rows = b.samples["job"]
+    assert not needs_facts(msgspec_replace(b, jobs=[], progress=b.progress[:2], collectives=[]), rows)
+    assert needs_facts(b, rows)
+    facts = NodeFacts(frozenset(), frozenset({"db-own"}), {}, frozenset())
+    changes, refused = screen_node_records(b, rows, facts)
+    assert [(r.part, r.row) for r in refused] == [("progress", 2)]
+    assert [w.job_id for w in changes["progress"]] == ["mine", "alloc-own", "db-own"]
+
+    # a shared job: unknown attributes may be filled, known ones not changed
+    stored = NodeFacts(frozenset(), frozenset(), {"mine": ("bob", None, None)}, frozenset({"mine"}))
+    for info, ok in ((JobInfo(job_id="mine", user="bob", name="train"), True),
+                     (JobInfo(job_id="mine", user=None, account="ml"), True),
+                     (JobInfo(job_id="mine", user="mallory"), False)):
+        d = msgspec_replace(b, jobs=[info], progress=[], collectives=[])
+        _, refused = screen_node_records(d, rows, stored)
+        assert (not refused) is ok, (info, refused)
+        if not ok:
+            assert "user" in refused[0].message and refused[0].part == "jobs"
+
+
+def msgspec_replace(b: Any, **kw: Any) -> Any:
+    import msgspec
+
+    return msgspec.structs.replace(b, **kw)
