@@ -89,3 +89,41 @@ def test_migration_0015_marks_or_backfills(database_url: str) -> None:
         upgrade(database_url)
     finally:
         e.dispose()
+
+
+def test_runner_folds_the_jobs_progress(engine: Any) -> None:
+    """A job whose ranks report progress: its ledger is decided by progress where it covers
+    (a checkpoint span stays a checkpoint, whatever the GPUs looked like)."""
+    from gpufleet.agent.simulator import gpu_uuid
+    from gpufleet.storage.progress_models import JobProgress
+
+    job = make_job("vision_train", "j-prog", 2, T0, 3600, node_prefix="p")
+    t1 = T0 + 30 * 60
+    ingest(engine, job, T0, t1)
+    with engine.begin() as c:
+        pk = c.execute(select(Job.id).where(Job.job_id == "j-prog")).scalar_one()
+        rows = []
+        for rank, (node, idx) in enumerate(job.gpus):
+            t, step = T0 + 60, 0
+            while t + 10 <= t1:
+                ckpt = int((t - T0) // 10) % 30 == 0  # one 10 s window in 30 is a checkpoint save
+                rows.append({"job_pk": pk, "rank": rank, "pid": 100 + rank, "gpu": gpu_uuid(node, idx),
+                             "start_ts": t, "end_ts": t + 10, "steps": 0 if ckpt else 10,
+                             "first_step": None if ckpt else step, "last_step": None if ckpt else step + 9,
+                             "max_step": None if ckpt else step + 9, "restarts": 0, "lost_steps": 0,
+                             "productive_s": 0.0 if ckpt else 10.0, "stall_s": 0.0, "unfinished_s": 0.0,
+                             "spans": {"checkpoint_save": 10.0} if ckpt else {}, "alive": True, "ended": False,
+                             "process_start": T0 + 60 if t == T0 + 60 else None, "dropped": 0})
+                step += 0 if ckpt else 10
+                t += 10
+        c.execute(insert(JobProgress), rows)
+    assert run_analysis(engine, now=t1 + 5).errors == []
+    with engine.connect() as c:
+        rep = c.execute(select(JobReport.report).where(JobReport.job_pk == pk)).scalar_one()
+        stored = read_job_ledger(c, pk)
+    led = rep["ledger"]
+    assert led["progress"] is True
+    ckpt_h = led["categories"]["checkpoint_save"]
+    assert abs(ckpt_h - len([r for r in rows if r["spans"]]) * 10 / 3600) < 2e-3
+    assert abs(sum(led["categories"].values()) - rep["allocated_gpu_hours"]) < 1e-3
+    assert abs(sum(s for _, cat, s in stored if cat == "checkpoint_save") / 3600 - ckpt_h) < 1e-3
