@@ -182,7 +182,8 @@
       const sp = s || guess(k);
       // a long list: "11 GPUs" when it counts GPUs, else its first two and how many more
       const more = (l) => (noun(l, sp) === "items" ? `${text({ unit: sp.of || "" }, l.slice(0, 2))} +${l.length - 2}` : `${l.length} ${noun(l, sp)}`);
-      const value = Array.isArray(v) ? (v.length > 2 ? more(v) : text({ unit: sp.of || "" }, v))
+      const names = Array.isArray(v) && v.every((x) => typeof x === "string" && !isUuid(x));  // signals: words, not nic_counters
+      const value = Array.isArray(v) ? (v.length > 2 ? more(v) : names ? v.map(words).join(", ") : text({ unit: sp.of || "" }, v))
         : isUuid(v) ? shortUuid(v) : text(sp, v);
       // "8 GPUs", not "GPUs 8 GPUs": a count that names its noun needs no label before it
       const counted = Array.isArray(v) && v.length > 2 && noun(v, sp) !== "items";

@@ -175,3 +175,4 @@ def test_suggestion_templates_agree_in_number_and_drop_what_was_not_measured() -
                               "young_daly_interval_s": 900, "checkpoint_cost_s": 20, "mtbf_s": 3000,
                               "checkpoint_interval_s": 3600})
     assert full.startswith("2 restarts redid 1 step (500 s, 30.0% of the allocation): checkpoint about every 900 s")
+    assert flag_kinds().evidence_text("link_errors", "judged_from", ["nic_counters"]) == ("judged from", "nic counters")

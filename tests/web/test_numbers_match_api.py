@@ -38,6 +38,11 @@ def _fault(sqlite_url: str, s: Seeded) -> str:
                                       severity="warning", start_ts=s.start, end_ts=s.now, wasted_gpu_hours=5.0,
                                       evidence={"gpus": s.gpu_uuids["node-a"]}, suggestion="drain or check the node",
                                       open=True, opened_at=s.start))
+        c.execute(insert(Flag).values(job_pk=s.jobs["1002"]["pk"], kind="link_errors", scope="node-b",
+                                      severity="warning",
+                                      start_ts=s.now - 900, end_ts=s.now, wasted_gpu_hours=0.0,
+                                      evidence={"nic": "mlx5_0/1", "errors": 12, "judged_from": ["nic_counters"]},
+                                      suggestion="check the cable", open=True, opened_at=s.now - 900))
     e.dispose()
     return uuid
 
@@ -74,6 +79,8 @@ def test_severity_first_and_numbers_match_the_api(web: tuple[Page, Seeded], sqli
         "els => els.map(e => e.dataset.kind)") == [f["kind"] for f in flags]
     assert _col(pg, "table.flagtable", "Job") == [f["job_id"] for f in flags]
     assert _col(pg, "table.flagtable", "Wasted GPU-h") == [gh(f["wasted_gpu_hours"]) for f in flags]
+    link = pg.locator("table.flagtable tbody tr", has=pg.locator(".chip[data-kind=link_errors]")).inner_text()
+    assert "nic counters" in link and "nic_counters" not in link  # signal names read as words
     p.shot("numbers-flags")
 
     # ---- fleet page: KPIs, waste by cause, open flags (most severe first), the grid's marks
