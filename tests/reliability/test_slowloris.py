@@ -2,12 +2,17 @@
 
 A slowloris client (headers one byte at a time, or a body that trickles) is cut off after the
 deadline; a normal client on the same server is served. The last test runs `gpufleet serve` and
-`gpufleet up`'s uvicorn configuration the way production does."""
+`gpufleet up`'s uvicorn configuration the way production does.
+
+No test here asserts how fast the server cuts a client off (a loaded box runs the server's timer
+late): "cut off" is judged by events, e.g. closed while the client was still trickling, and
+each wait for a close is bounded only to catch a server that never closes."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -112,6 +117,18 @@ def _response(s: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+def _trickle(s: socket.socket, data: bytes, every_s: float = 0.1) -> int:
+    """Sends ``data`` a byte at a time until the server answers or closes (the socket turns
+    readable) or it is all sent; returns the bytes sent."""
+    with contextlib.suppress(OSError):
+        for n, ch in enumerate(data):
+            if select.select([s], [], [], 0)[0]:
+                return n
+            s.send(bytes([ch]))
+            time.sleep(every_s)
+    return len(data)  # or the send failed: closed (the caller checks)
+
+
 def _get(port: int) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
@@ -127,47 +144,43 @@ def test_slow_headers_are_cut_off(protocol: type) -> None:
             s.sendall(b"GET / HTTP/1.1\r\nHost: local")  # and never the rest
             conns.append(s)
         idle = socket.create_connection(("127.0.0.1", port), timeout=5)  # says nothing at all
-        t0 = time.monotonic()
         for s in conns:
-            closed, said = _closed_by_server(s, 5)
+            closed, said = _closed_by_server(s, 60)
             assert closed, "a connection with unfinished headers stayed open"
             assert said.startswith(b"HTTP/1.1 408")
             s.close()
-        assert _closed_by_server(idle, 5)[0]
+        assert _closed_by_server(idle, 60)[0]
         idle.close()
-        assert time.monotonic() - t0 < 4
         assert b"200 OK" in _get(port), "a normal client is still served"
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
 def test_trickling_headers_do_not_reset_the_deadline(protocol: type) -> None:
+    # A byte every 0.1 s for up to 60 s: a deadline reset by each byte would never expire
+    # while it trickles. Cut off mid-trickle, whenever the loaded server's timer fires.
+    data = b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 600
     with _server(protocol, ReadTimeouts(header_timeout_s=0.8)) as port:
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        t0 = time.monotonic()
-        closed = False
-        with contextlib.suppress(OSError):
-            for ch in b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 100:
-                s.send(bytes([ch]))
-                time.sleep(0.1)
-                if time.monotonic() - t0 > 3:
-                    break
-        closed = _closed_by_server(s, 2)[0]
+        sent = _trickle(s, data)
+        closed = _closed_by_server(s, 60)[0]
         s.close()
-        assert closed and time.monotonic() - t0 < 3.5
+        assert closed and sent < len(data), f"still open after {sent} bytes trickled"
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
 def test_keep_alive_connection_gets_a_fresh_header_deadline(protocol: type) -> None:
-    # 0.4 s idle before each request: well within 1 s even on a stalled box, 1.2 s in all
-    with _server(protocol, ReadTimeouts(header_timeout_s=1.0)) as port, \
+    # 0.75 s idle before each of six requests, 4.5 s in all: a deadline counted from the
+    # connection's start (3 s) would cut the fifth off; one that starts afresh with each request
+    # leaves 2.25 s of slack for a stalled box each time.
+    with _server(protocol, ReadTimeouts(header_timeout_s=3.0)) as port, \
             socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        for _ in range(3):  # three requests on one connection, each well within its deadline
-            time.sleep(0.4)
+        for _ in range(6):  # six requests on one connection, each well within its deadline
+            time.sleep(0.75)
             s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            s.settimeout(2)
+            s.settimeout(30)
             r = _response(s)
             assert r.startswith(b"HTTP/1.1 200 OK") and r.endswith((b"got 0", b"got 0\r\n0\r\n\r\n")), r
-        assert _closed_by_server(s, 3)[0], "then idle past the deadline: closed"
+        assert _closed_by_server(s, 60)[0], "then idle past the deadline: closed"
 
 
 def test_stalled_body_gets_408() -> None:
@@ -175,12 +188,12 @@ def test_stalled_body_gets_408() -> None:
     with _server(TimedH11Protocol, t) as port:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             s.sendall(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
-            closed, said = _closed_by_server(s, 4)
+            closed, said = _closed_by_server(s, 60)
         assert closed and said.startswith(b"HTTP/1.1 408"), said
         assert b"no request body bytes" in said
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             s.sendall(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
-            assert b"got 5" in _closed_by_server(s, 4)[1], "a body that arrives is read in full"
+            assert b"got 5" in _closed_by_server(s, 60)[1], "a body that arrives is read in full"
 
 
 def test_trickling_body_under_the_minimum_rate_gets_408() -> None:
@@ -188,13 +201,10 @@ def test_trickling_body_under_the_minimum_rate_gets_408() -> None:
     with _server(TimedH11Protocol, t) as port:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             s.sendall(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n")
-            t0 = time.monotonic()
-            with contextlib.suppress(OSError):
-                while time.monotonic() - t0 < 4:
-                    s.send(b"x")  # 10 B/s: each chunk well inside the idle limit
-                    time.sleep(0.1)
-            closed, said = _closed_by_server(s, 2)
-        assert closed and b"408" in said and b"B/s" in said
+            # 10 B/s, each byte well inside the idle limit, for up to 60 s: cut off mid-trickle
+            sent = _trickle(s, b"x" * 600)
+            closed, said = _closed_by_server(s, 60)
+        assert closed and b"408" in said and b"B/s" in said and sent < 600
 
 
 @pytest.mark.slow
@@ -211,15 +221,16 @@ def test_gpufleet_serve_cuts_slowloris_off(sqlite_url: str, tmp_path: Path) -> N
         conns = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
         for s in conns:
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ")
+        # The bound only catches a server that never cuts them off (header timeout 1 s).
         t0 = time.monotonic()
-        still_open = sum(1 for s in conns if not _closed_by_server(s, max(0.05, 4 - (time.monotonic() - t0)))[0])
+        still_open = sum(1 for s in conns if not _closed_by_server(s, max(0.05, 120 - (time.monotonic() - t0)))[0])
         for s in conns:
             s.close()
-        assert still_open == 0, f"{still_open} of 200 slowloris connections still open after 4 s"
+        assert still_open == 0, f"{still_open} of 200 slowloris connections still open after 120 s"
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             s.sendall(b"POST /api/v1/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n"
                       b"Content-Type: application/json\r\n\r\n{")
-            closed, said = _closed_by_server(s, 5)
+            closed, said = _closed_by_server(s, 60)
         assert closed and said.startswith(b"HTTP/1.1 408"), said
         assert said.count(b"HTTP/1.1") == 1, "one answer per request"
     finally:
