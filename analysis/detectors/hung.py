@@ -5,8 +5,11 @@ nothing and no tensor, DRAM, NVLink or network traffic moves: a collective waiti
 that never comes, or a kernel spinning on a flag. Judged per minute, so the minimum duration
 can sit just above the longest ordinary pause (a 10-minute checkpoint where ranks wait in a
 barrier shows the same signature, for at most 10 minutes) and a real hang is still raised
-within 15 minutes. Needs gpu_util and sm_active (without profiling metrics a hang looks like
-full use: no verdict); tensor, DRAM and link traffic corroborate where measured."""
+within 15 minutes. When every GPU of the job shows it (a checkpoint leaves the writing rank's
+GPU out: it copies, it does not spin), a shorter minimum (``all_gpus_min_duration_s``) holds, so
+a whole-job hang is raised within 5 minutes from the hardware alone. Needs gpu_util and
+sm_active (without profiling metrics a hang looks like full use: no verdict); tensor, DRAM and
+link traffic corroborate where measured."""
 
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ import numpy as np
 from gpufleet.flagkinds import flag_kinds
 
 from ..config import KindConfig
+from ..windows import Detection, median1d
 from ..windows import detect as find_episodes
-from ..windows import median1d
 from .base import Finding, Found, JobView, Signals, confidence, r3
 
 KIND = "hung"
@@ -36,10 +39,29 @@ class Config(KindConfig):
     link_bytes_s_max: float  # NVLink / IB per direction: nothing moves
     gpu_share_min: float  # share of the job's GPUs with the signature (a hang stalls every rank)
     critical_after_s: float
+    all_gpus_min_duration_s: float = 0.0  # every GPU with the signature: this long suffices (0: off)
+
+
+def _episodes(per_gpu: np.ndarray, job_hung: np.ndarray, judged_n: np.ndarray, cfg: Config) -> Detection | None:
+    """The hung minutes: stretches of ``min_duration_s`` with the share's GPUs quiet, and
+    stretches of ``all_gpus_min_duration_s`` with every judged GPU quiet."""
+    valid_m = judged_n > 0
+    slow = find_episodes(job_hung, valid_m, 60.0, cfg.min_duration_s, cfg.min_fraction)
+    fast = None
+    if cfg.all_gpus_min_duration_s > 0:
+        every = valid_m & (per_gpu.sum(axis=0) == judged_n)
+        fast = find_episodes(every, valid_m, 60.0, cfg.all_gpus_min_duration_s, cfg.min_fraction)
+    if fast is None:
+        return slow
+    union = np.zeros(job_hung.shape, dtype=bool)
+    for det in (slow, fast):
+        for e in det.episodes if det else ():
+            union[e.k0:e.k1] = True
+    return find_episodes(union, valid_m, 60.0, 0.0, 0.0)
 
 
 def _minute_mask(job: JobView, cfg: Config) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(GPU-minutes hung, minutes the job is hung, minutes judged); None when no GPU-minute
+    """(GPU-minutes hung, minutes the job is hung, GPUs judged per minute); None when no GPU-minute
     had NVML utilisation that high (a hung minute needs one: the usual case stops here)."""
     m = job.minutes
     if not (m.gpu_util >= cfg.gpu_util_min).any():
@@ -52,17 +74,17 @@ def _minute_mask(job: JobView, cfg: Config) -> tuple[np.ndarray, np.ndarray, np.
     per_gpu = judged & quiet
     den = judged.sum(axis=0)
     job_hung = (den > 0) & (per_gpu.sum(axis=0) >= np.maximum(1, np.ceil(cfg.gpu_share_min * den)))
-    return per_gpu, job_hung, den > 0
+    return per_gpu, job_hung, den
 
 
 def detect(job: JobView, cfg: Config, found: Found) -> list[Finding]:
     masks = _minute_mask(job, cfg)
     if masks is None:
         return []
-    per_gpu, job_hung, valid_m = masks
+    per_gpu, job_hung, judged_n = masks
     if not job_hung.any():
         return []
-    det = find_episodes(job_hung, valid_m, 60.0, cfg.min_duration_s, cfg.min_fraction)
+    det = _episodes(per_gpu, job_hung, judged_n, cfg)
     if not det:
         return []
     w, m = job.w, job.minutes

@@ -3,7 +3,7 @@
 Real processes: ``torchrun`` on gloo, two ranks, one progress stream each; rank 1 blocks in a
 barrier its peer never reaches (rank 0 then waits in its all_reduce), while another job sits
 inside a long ``checkpoint_save``. Time is compressed honestly by scaling the thresholds (a
-hang after 10 s without a step instead of 120 s); the default scale is shown on an explicit
+hang after 10 s without a step instead of 60 s); the default scale is shown on an explicit
 clock: a hang is flagged within 5 minutes and a 10-minute checkpoint never is."""
 
 from __future__ import annotations
@@ -142,9 +142,11 @@ def _w(d: dict[str, Any]) -> Window:
     return Window(start=d["start"], end=d["end"], **{k: d[k] for k in keys if k in d})
 
 
-def test_at_real_scale_a_hang_is_flagged_within_5_minutes_and_a_10_minute_checkpoint_never() -> None:
+def test_at_real_scale_a_hang_is_flagged_within_90_s_and_a_10_minute_checkpoint_never() -> None:
     (marker,) = _timeline("hang")
-    assert 120 <= marker.start <= 300, f"flagged {marker.start} s after the hang"
+    # judged as each window arrives: the 60 s rule (thresholds.toml [progress] hang_min_s) plus
+    # the window's close (issue 36's goal: <= 90 s after the last step)
+    assert 60 <= marker.start <= 90, f"flagged {marker.start} s after the hang"
     windows = _timeline("checkpoint")
     for k in range(1, len(windows) + 1):
         assert detect_hung(windows[:k], windows[k - 1].end + 5, ProgressThresholds.load()) is None

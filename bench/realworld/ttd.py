@@ -1,0 +1,280 @@
+"""Time to detect and false alarms: the progress library (``progress_library.py``) and the PAI
+traces replayed at their own pace through the relay's fold, judged as the collector would at
+each analysis pass; hardware-only hangs and stragglers judged minute by minute.
+
+    .venv/bin/python bench/realworld/ttd.py                 # 3 seeds per case, passes every 60 s and every 10 s
+    .venv/bin/python bench/realworld/ttd.py --seeds 5 --out /tmp/ttd.md
+
+Progress: every rank is a process sending one datagram a second (its steps, a heartbeat, an
+exit record at a clean exit) into ``gpufleet.progress_fold.Folder``; windows close as the relay
+closes them; ``analysis.progress.detect.detect_all`` runs at each pass (``--cadence``: the
+beat's 60 s analysis interval, and 10 s = judged as each window arrives) over the windows so
+far. A (kind, scope) counts as raised when an ongoing finding of it first appears; time to
+detect = that pass's time - the fault's onset. False alarm: a raised (kind, scope) the case's
+labels do not name; per day = false alarms / (job-days of the cases judged).
+
+Hardware alone: telemetry generated here (a collective hang of all GPUs; one GPU's clock 20%
+low under HW slowdown), analyzed by ``analysis.report.analyze`` on the samples up to each
+minute after the onset, as a pass at that minute would."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/ for `realworld`
+
+import numpy as np
+
+from realworld.progress_library import BUILDERS, PAI_LABELS, ProgressCase, pai_case
+
+WALL0, MONO0 = 1_800_000_000.0, 10_000.0
+
+
+@dataclass
+class CaseResult:
+    case: ProgressCase
+    cadence: int
+    first: dict[str, float] = field(default_factory=dict)  # "kind@scope" -> first pass (job s) it was raised
+    seconds: float = 0.0
+
+    def matches(self, label: str, raised: str) -> bool:
+        kind, _, scope = label.partition("@")
+        rk, _, rs = raised.partition("@")
+        return rk == kind and (not scope or rs == scope)
+
+    def hits(self) -> dict[str, float | None]:
+        """label -> time to detect (None: raised, onset not timed); missing labels left out."""
+        out: dict[str, float | None] = {}
+        for label, onset in self.case.expect.items():
+            ts = [t for k, t in self.first.items() if self.matches(label, k)]
+            if ts:
+                out[label] = None if onset is None else min(ts) - onset
+        return out
+
+    def false(self) -> list[str]:
+        return sorted(k for k in self.first if not any(self.matches(lb, k) for lb in self.case.expect)
+                      and k.partition("@")[0] not in self.case.allowed)
+
+
+def _windows(raw: list[dict[str, Any]]) -> list[Any]:
+    from gpufleet.analysis.progress.model import Window
+
+    keys = set(Window.__dataclass_fields__) - {"start", "end", "node"}
+    return [Window(start=w["start"], end=w["end"], **{k: w[k] for k in keys if k in w}) for w in raw]
+
+
+def replay(c: ProgressCase, cadence: int, rng: np.random.Generator) -> CaseResult:
+    from gpufleet.analysis.progress.detect import detect_all
+    from gpufleet.analysis.progress.goodput import job_goodput
+    from gpufleet.progress_fold import Folder
+
+    t_start = time.perf_counter()
+    for r in c.ranks:
+        if not r.steps:
+            r.plan(rng)
+    res = CaseResult(c, cadence)
+    fold = Folder()
+    ws: list[Any] = []
+    idx = {id(r): 0 for r in c.ranks}
+    step_no = {id(r): 0 for r in c.ranks}
+    for sec in range(int(c.duration_s) + 2):
+        now_m = MONO0 + sec
+        for r in c.ranks:
+            if sec < r.t0 or sec > r.end + 1:
+                continue
+            evs: list[list[Any]] = []
+            i = idx[id(r)]
+            while i < len(r.steps) and r.steps[i] < sec:
+                step_no[id(r)] += 1
+                evs.append(["s", MONO0 + r.steps[i], step_no[id(r)], 1024])
+                i += 1
+            idx[id(r)] = i
+            if r.exit == "clean" and sec - 1 < r.end <= sec:
+                evs.append(["x", MONO0 + r.end])
+            elif r.exit == "vanish" and sec > r.end:
+                continue
+            fold.feed({"pid": r.pid, "wall0": WALL0 + r.t0, "mono0": MONO0 + r.t0, "now": min(now_m, MONO0 + r.end),
+                       "id": {"job": c.name, "rank": r.rank, "host": r.host, "gpu": r.gpu}, "ev": evs}, now_m)
+        if sec % 5 == 0:
+            ws += _windows(fold.close_due(WALL0 + sec, now_m))
+        if sec % cadence == 0 and ws:
+            g = job_goodput(ws)
+            if g is None:
+                continue
+            for f in detect_all(ws, g, WALL0 + sec):
+                key = f"{f.kind}@{f.scope}"
+                if f.ongoing and key not in res.first:
+                    res.first[key] = float(sec)
+    res.seconds = time.perf_counter() - t_start
+    return res
+
+
+# --- hardware alone --------------------------------------------------------------------------
+
+GIB = 2.0**30
+
+
+def _telemetry(kind: str, n: int, minutes: int, onset_min: float, interval_s: float = 10.0
+               ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    from gpufleet.analysis.features import RAW_FIELDS
+
+    t = interval_s * np.arange(1, int(minutes * 60 / interval_s) + 1)
+    ts, gpu, cols = [], [], {k: [] for k in RAW_FIELDS}
+    for g in range(n):
+        after = t >= onset_min * 60
+        wob = 0.03 * np.sin(t / 7.0 + g)
+        v: dict[str, Any] = {"sm_active": 0.88 + wob, "sm_occupancy": 0.45, "tensor_active": 0.45 + wob,
+                             "dram_active": 0.5, "gpu_util": 1.0, "fp32_active": 0.05, "fp64_active": 0.0,
+                             "power_w": 640.0, "sm_clock_mhz": 1980.0, "clock_event_reasons": 0.0,
+                             "fb_used_bytes": 70 * GIB, "fb_total_bytes": 80 * GIB, "nvlink_tx_bytes_s": 6e10,
+                             "nvlink_rx_bytes_s": 6e10, "xid_last": 0.0}
+        if kind == "hung":
+            for k, x in (("sm_active", 0.15), ("tensor_active", 0.0), ("dram_active", 0.002), ("sm_occupancy", 0.02),
+                         ("nvlink_tx_bytes_s", 0.0), ("nvlink_rx_bytes_s", 0.0), ("power_w", 160.0)):
+                v[k] = np.where(after, x, np.broadcast_to(v[k], t.shape))
+        elif kind == "straggler":
+            if g == 0:  # the slow GPU: clock 20% low under HW slowdown, busier than its peers
+                v["sm_clock_mhz"] = np.where(after, 1580.0, 1980.0)
+                v["clock_event_reasons"] = np.where(after, 8.0, 0.0)
+                v["sm_active"] = np.where(after, 0.93 + wob, v["sm_active"])
+            else:  # the peers wait for it in every all-reduce
+                v["sm_active"] = np.where(after, 0.70 + wob, v["sm_active"])
+        ts.append(t)
+        gpu.append(np.full(len(t), g))
+        for k in RAW_FIELDS:
+            x = v.get(k)
+            cols[k].append(np.full(len(t), np.nan) if x is None else np.broadcast_to(np.asarray(x, float), t.shape))
+    return (np.concatenate(ts) + WALL0, np.concatenate(gpu), {k: np.concatenate(x) for k, x in cols.items()})
+
+
+def hardware_ttd(kind: str, onset_min: float, n: int = 8, horizon_min: int = 30) -> float | None:
+    """Seconds from the onset to the first pass (one a minute, on the samples so far) raising
+    ``kind`` as ongoing; None when not within ``horizon_min``."""
+    from gpufleet.analysis.config import load_thresholds
+    from gpufleet.analysis.detectors import features_for
+    from gpufleet.analysis.features import histograms
+    from gpufleet.analysis.report import JobMeta, analyze
+
+    th = load_thresholds()
+    ts, gpu, cols = _telemetry(kind, n, int(onset_min + horizon_min), onset_min)
+    for m in range(1, horizon_min + 1):
+        until = WALL0 + (onset_min + m) * 60
+        keep = ts <= until
+        t2, g2, c2 = ts[keep], gpu[keep], {k: x[keep] for k, x in cols.items()}
+        feats = features_for(th, t2, g2, c2, n)
+        meta = JobMeta(job_id="ttd", start_ts=WALL0, end_ts=None, running=True,
+                       gpu_uuids=[f"GPU-{g}" for g in range(n)], gpu_nodes=["n1"] * n, gpu_indexes=list(range(n)),
+                       model="NVIDIA H100 80GB HBM3")
+        res = analyze(meta, feats, histograms(c2), th=th, first_ts=float(t2.min()), last_ts=float(t2.max()))
+        if any(f.kind == kind and f.ongoing for f in res.findings):
+            return m * 60.0
+    return None
+
+
+# --- report ----------------------------------------------------------------------------------
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def score(results: list[CaseResult]) -> dict[str, dict[str, Any]]:
+    """Per kind: jobs demanding it, caught, jobs raising it, right; detection times."""
+    out: dict[str, dict[str, Any]] = defaultdict(lambda: {"demanded": 0, "hit": 0, "raised": 0, "right": 0,
+                                                          "ttd": []})
+    for r in results:
+        hits = r.hits()
+        for label in r.case.expect:
+            k = label.partition("@")[0]
+            out[k]["demanded"] += 1
+            if label in hits:
+                out[k]["hit"] += 1
+                if hits[label] is not None:
+                    out[k]["ttd"].append(hits[label])
+        false = set(r.false())
+        for key in r.first:
+            k = key.partition("@")[0]
+            out[k]["raised"] += 1
+            out[k]["right"] += key not in false
+    return out
+
+
+def markdown(results: dict[int, list[CaseResult]], hw: dict[str, list[float | None]], cmd: str) -> str:
+    lines = [f"Time to detect and false alarms (`{cmd}`).", ""]
+    for cadence, rs in sorted(results.items(), reverse=True):
+        healthy_days = sum(r.case.duration_s for r in rs if r.case.healthy) / 86400.0
+        all_days = sum(r.case.duration_s for r in rs) / 86400.0
+        false = sum(len(r.false()) for r in rs)
+        false_healthy = sum(len(r.false()) for r in rs if r.case.healthy)
+        lines += [f"Progress, judged every {cadence} s ({len(rs)} job runs, {all_days * 24:.1f} job-hours; "
+                  f"healthy: {sum(r.case.healthy for r in rs)} runs, {healthy_days * 24:.1f} h):", "",
+                  "| kind | demanded | caught | recall | raised | right | precision | TTD median (s) | TTD worst (s) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for k, s in sorted(score(rs).items()):
+            rec = f"{s['hit'] / s['demanded']:.2f}" if s["demanded"] else "-"
+            prec = f"{s['right'] / s['raised']:.2f}" if s["raised"] else "-"
+            t = s["ttd"]
+            lines.append(f"| `{k}` | {s['demanded']} | {s['hit']} | {rec} | {s['raised']} | {s['right']} | {prec} | "
+                         f"{_fmt(statistics.median(t) if t else None)} | {_fmt(max(t) if t else None)} |")
+        lines += ["", f"False alarms: {false} in all runs ({false / all_days:.2f} per job-day); on healthy jobs "
+                  f"{false_healthy} ({(false_healthy / healthy_days) if healthy_days else 0:.2f} per job-day).", ""]
+        bad = [(r.case.name, r.case.seed, r.false(), sorted(set(r.case.expect) - set(r.hits()))) for r in rs
+               if r.false() or set(r.case.expect) - set(r.hits())]
+        for name, seed, f, miss in bad:
+            lines.append(f"- `{name}` seed {seed}: false {f}, missed {miss}")
+        if bad:
+            lines.append("")
+    lines += ["Hardware alone (one pass a minute on the samples so far; onsets at several minute offsets):", "",
+              "| kind | runs | caught | TTD median (s) | TTD worst (s) |", "|---|---:|---:|---:|---:|"]
+    for k, ts in hw.items():
+        got = [t for t in ts if t is not None]
+        lines.append(f"| `{k}` | {len(ts)} | {len(got)} | {_fmt(statistics.median(got) if got else None)} | "
+                     f"{_fmt(max(got) if got else None)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--cadence", type=int, action="append", help="seconds between passes (default 60 and 10)")
+    ap.add_argument("--case", action="append", help="only these cases (names; pai for the PAI traces)")
+    ap.add_argument("--no-hardware", action="store_true")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    cmd = "bench/realworld/ttd.py" + ("" if argv is None else " " + " ".join(argv))
+    if argv is None:
+        cmd = "bench/realworld/ttd.py " + " ".join(sys.argv[1:])
+    results: dict[int, list[CaseResult]] = {}
+    for cadence in a.cadence or [60, 10]:
+        rs = []
+        for name, build in BUILDERS.items():
+            if a.case and name not in a.case:
+                continue
+            for seed in range(1, a.seeds + 1):
+                rng = np.random.default_rng([seed, sum(map(ord, name))])
+                rs.append(replay(build(rng, seed), cadence, rng))
+        if not a.case or "pai" in a.case:
+            for f in PAI_LABELS:
+                c = pai_case(f)
+                if c is not None:
+                    rs.append(replay(c, cadence, np.random.default_rng(0)))
+        results[cadence] = rs
+    hw: dict[str, list[float | None]] = {}
+    if not a.no_hardware:
+        for kind in ("hung", "straggler"):
+            hw[kind] = [hardware_ttd(kind, 30.0 + off) for off in (0.0, 1.5, 2.5, 4.0)]
+    md = markdown(results, hw, cmd.strip())
+    print(md)
+    if a.out:
+        a.out.write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
