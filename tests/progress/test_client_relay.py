@@ -29,7 +29,7 @@ def sock_path(tmp_path: Path) -> str:
     return str(d / "p.sock")
 
 
-def wait_for(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+def wait_for(cond, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:

@@ -223,7 +223,7 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
-def _wait(cond, timeout: float = 30.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
+def _wait(cond, timeout: float = 120.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
     deadline = time.time() + timeout
     while not cond():
         if time.time() > deadline:

@@ -25,7 +25,7 @@ def sock_path(tmp_path: Path) -> str:
     return str(d / "p.sock")
 
 
-def wait_for(cond: Any, timeout: float = 20.0) -> None:
+def wait_for(cond: Any, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
