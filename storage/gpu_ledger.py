@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from sqlalchemy import Double, ForeignKey, Index, Integer, String, delete, select, tuple_
+from sqlalchemy import Double, ForeignKey, Index, Integer, String, delete, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -47,16 +47,17 @@ def write_job_ledger(conn: Connection, job_pk: int, b0: int, per_minute: Mapping
     new = rows_of(b0, per_minute)
     old = {(int(m), str(c)): float(s) for m, c, s in conn.execute(
         select(t.c.minute, t.c.category, t.c.gpu_s).where(t.c.job_pk == job_pk))}
-    gone = [k for k in old if k not in new]
-    changed = [k for k, v in new.items() if k in old and abs(old[k] - v) > 10 ** -ROUND]
-    added = [k for k in new if k not in old]
-    for i in range(0, len(gone) + len(changed), 500):
-        keys = (gone + changed)[i:i + 500]
-        conn.execute(delete(t).where(t.c.job_pk == job_pk, tuple_(t.c.minute, t.c.category).in_(keys)))
-    ins = [{"job_pk": job_pk, "minute": m, "category": c, "gpu_s": new[(m, c)]} for m, c in changed + added]
+    # Minutes whose rows differ in any way are rewritten whole (delete by minute, insert its
+    # rows): integer IN lists, and a running job's pass touches only its newest minutes.
+    changed = {m for (m, c), v in new.items() if (m, c) in old and abs(old[(m, c)] - v) > 10 ** -ROUND}
+    minutes = sorted({m for m, _ in old.keys() ^ new.keys()} | changed)
+    for i in range(0, len(minutes), 500):
+        conn.execute(delete(t).where(t.c.job_pk == job_pk, t.c.minute.in_(minutes[i:i + 500])))
+    redo = set(minutes)
+    ins = [{"job_pk": job_pk, "minute": m, "category": c, "gpu_s": v} for (m, c), v in new.items() if m in redo]
     if ins:
         conn.execute(t.insert(), ins)
-    return len(gone) + len(ins)
+    return len(ins)
 
 
 def read_job_ledger(conn: Connection, job_pk: int) -> list[tuple[int, str, float]]:

@@ -127,3 +127,22 @@ def test_runner_folds_the_jobs_progress(engine: Any) -> None:
     assert abs(ckpt_h - len([r for r in rows if r["spans"]]) * 10 / 3600) < 2e-3
     assert abs(sum(led["categories"].values()) - rep["allocated_gpu_hours"]) < 1e-3
     assert abs(sum(s for _, cat, s in stored if cat == "checkpoint_save") / 3600 - ckpt_h) < 1e-3
+
+
+def test_write_job_ledger_rewrites_only_what_changed(engine: Any) -> None:
+    import numpy as np
+
+    from gpufleet.storage.gpu_ledger import write_job_ledger
+
+    with engine.begin() as c:
+        cl = c.execute(select(Cluster.id).where(Cluster.name == "default")).scalar_one()
+        pk = c.execute(insert(Job).values(cluster_id=cl, job_id="w", state="running", start_ts=T0)
+                       .returning(Job.id)).scalar_one()
+        v1 = {"productive": np.array([60.0, 60.0, 30.0]), "idle_gpu": np.array([0.0, 0.0, 30.0])}
+        assert write_job_ledger(c, pk, 100, v1) == 4
+        assert write_job_ledger(c, pk, 100, v1) == 0  # the same ledger: nothing written
+        v2 = {"productive": np.array([60.0, 60.0, 60.0, 45.0]), "throttled": np.array([0.0, 0.0, 0.0, 15.0])}
+        assert write_job_ledger(c, pk, 100, v2) == 3  # minute 102 rewritten, minute 103 added
+        assert read_job_ledger(c, pk) == [(100, "productive", 60.0), (101, "productive", 60.0),
+                                          (102, "productive", 60.0), (103, "productive", 45.0),
+                                          (103, "throttled", 15.0)]
