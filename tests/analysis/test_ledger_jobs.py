@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpufleet.agent.sim_stories import Story, story
 from gpufleet.agent.simulator import PROFILES
@@ -25,6 +27,8 @@ from gpufleet.analysis.features import histograms
 from gpufleet.analysis.ledger import PRODUCTIVE, UNOBSERVED
 from gpufleet.analysis.progress.model import Window
 from gpufleet.analysis.report import JobAnalysis, JobMeta, analyze
+
+from .test_waste_accounting import jobs as random_jobs
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 for p in (BENCH, BENCH / "goodput"):
@@ -178,4 +182,18 @@ def test_every_scenario_of_the_library(name: str) -> None:
                        if hasattr(spec.slots[0].device, "model") else None)
         res = analyze(meta, feats, histograms(cols), th=TH)
         rows.append((str(spec.meta.get("user", "?")), str(spec.meta.get("account", "?")), check(res)))
+    _fleet_adds_up(rows)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(random_jobs(), min_size=1, max_size=3), st.lists(st.sampled_from(["u1", "u2"]), min_size=3,
+                                                                 max_size=3))
+def test_random_telemetry_through_analyze(fleet: list[Any], users: list[str]) -> None:
+    """Any telemetry (tests/analysis/test_waste_accounting.py's strategy: signals present or not,
+    any interval, idle spells, bursts) through ``analyze``: the same invariants."""
+    from .verdict_data import run
+
+    rows = []
+    for (g, minutes, interval, fn), user in zip(fleet, users, strict=False):
+        rows.append((user, "acct", check(run(g, minutes, interval, fn))))
     _fleet_adds_up(rows)
