@@ -72,3 +72,19 @@ def test_over_provisioned_estimate_keeps_the_headroom() -> None:
     # KV 0.2 of a 0.8 target is a quarter of today's capacity: 4 replicas' load fits in 1
     assert ev["load_share"] == pytest.approx(0.25) and ev["needed_replicas"] == 1 and ev["needed_gpus"] == 1
     assert "fits in 1" in found[0].suggestion
+
+
+def test_serving_ledger_minute_adds_up() -> None:
+    from gpufleet.analysis.serving.ledger import serving_ledger_minute
+
+    slo = PRESETS["mlperf-llama3.1-8b"]
+    ttft = Hist((1.0, 2.0, math.inf), (80.0, 90.0, 100.0), 50.0)  # 90% within 2 s
+    tpot = Hist((0.05, 0.1, math.inf), (95.0, 100.0, 100.0), 3.0)  # all within 100 ms
+    m = ServingMinute("d", "r", 0, 2, "vllm", {"requests": 100.0, "ttft": ttft, "tpot": tpot})
+    got = serving_ledger_minute(m, slo)
+    assert sum(got.values()) == pytest.approx(120.0)
+    assert got["productive"] == pytest.approx(120.0 * 0.9)
+    assert got["slo_missed"] == pytest.approx(120.0 * 0.1)
+    idle = ServingMinute("d", "r", 0, 2, "vllm", {"requests": 0.0})
+    assert serving_ledger_minute(idle, slo) == {"idle_replica": 120.0}
+    assert serving_ledger_minute(ServingMinute("d", "r", 0, 2, "vllm", {"running": 1.0}), slo) == {"unobserved": 120.0}
