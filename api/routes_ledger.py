@@ -19,7 +19,7 @@ from .schemas import Message
 router = APIRouter(prefix="/api/v1", tags=["ledger"], route_class=TimedRoute,
                    responses={400: {"model": Message, "description": "an argument is invalid (detail says which)"}})
 TimeQ = Annotated[str | None, Query(max_length=40, description="epoch seconds, ISO-8601 (UTC) or -24h")]
-GroupBy = Literal["cause", "user", "account", "team", "cluster"]
+GroupBy = Literal["cause", "job", "user", "account", "team", "cluster"]
 
 
 @router.get("/jobs/{job_id:path}/ledger", summary="A job's GPU-time ledger: every allocated GPU-second once",
@@ -32,11 +32,13 @@ def read_job_ledger(job_id: JobIdPath, session: SessionDep, settings: SettingsDe
     return job_ledger(session, found[0], found[1], settings.cost)
 
 
-@router.get("/fleet/ledger", summary="The fleet's GPU-time ledger over a time range, by cause, user, account, "
-            "team or cluster")
+@router.get("/fleet/ledger", summary="The fleet's GPU-time ledger over a time range, by cause, job, user, "
+            "account, team or cluster")
 def read_fleet_ledger(session: SessionDep, settings: SettingsDep, group_by: GroupBy = "cause",
-                      start: TimeQ = None, end: TimeQ = None, cluster: ClusterFilter = None) -> Any:
+                      start: TimeQ = None, end: TimeQ = None, cluster: ClusterFilter = None,
+                      limit: Annotated[int | None, Query(ge=1, le=10_000, description="the most wasteful groups "
+                                                         "only; the rest summed in omitted")] = None) -> Any:
     t1 = parse_time(end, name="end") or now()
     t0 = parse_time(start, name="start")
     return fleet_ledger(session, group_by=group_by, start=t0 if t0 is not None else t1 - 86400, end=t1,
-                        cluster=cluster, cost=settings.cost)
+                        cluster=cluster, cost=settings.cost, limit=limit)

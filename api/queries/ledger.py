@@ -19,7 +19,7 @@ from gpufleet.storage.models import Cluster, Flag, Job, JobReport
 
 from .common import BadRequest
 
-GROUPS = ("cause", "user", "account", "team", "cluster")
+GROUPS = ("cause", "job", "user", "account", "team", "cluster")
 MAX_RANGE_S = 366 * 86400
 
 
@@ -89,9 +89,10 @@ def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings) -> 
 
 
 def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, cluster: str | None,
-                 cost: CostSettings) -> dict[str, Any]:
+                 cost: CostSettings, limit: int | None = None) -> dict[str, Any]:
     """``GET /api/v1/fleet/ledger``: the stored ledger rows of minutes in [start, end), by job,
-    then summed per group (a job's user, account, label ``team``, cluster; or per category)."""
+    then summed per group (the job itself, its user, account, label ``team``, cluster; or per
+    category). ``limit``: the most wasteful groups only, the rest summed in ``omitted``."""
     if group_by not in GROUPS:
         raise BadRequest(f"group_by={group_by!r}: one of {', '.join(GROUPS)}")
     if not end > start or end - start > MAX_RANGE_S:
@@ -107,22 +108,24 @@ def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, c
     for pk, cat, secs in session.execute(q):
         per_job[int(pk)][str(cat)] = float(secs or 0.0)
     info: dict[int, tuple[str | None, str | None, str | None, str]] = {}
+    job_ids: dict[int, str] = {}
     pks = sorted(per_job)
     for i in range(0, len(pks), 1000):
-        for pk, user, account, labels, cl in session.execute(
-                select(Job.id, Job.user, Job.account, Job.labels, Cluster.name)
+        for pk, job_id, user, account, labels, cl in session.execute(
+                select(Job.id, Job.job_id, Job.user, Job.account, Job.labels, Cluster.name)
                 .join(Cluster, Cluster.id == Job.cluster_id).where(Job.id.in_(pks[i:i + 1000]))):
             team = labels.get("team") if isinstance(labels, dict) else None
             info[int(pk)] = (user, account, str(team) if team is not None else None, str(cl))
+            job_ids[int(pk)] = str(job_id)
     fleet: dict[str, dict[str, float]] = defaultdict(dict)  # cluster -> totals
-    groups: dict[str | None, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    jobs_in: dict[str | None, int] = defaultdict(int)
+    groups: dict[Any, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    jobs_in: dict[Any, int] = defaultdict(int)
     for pk, tot in per_job.items():
         user, account, team, cl = info.get(pk, (None, None, None, "?"))
         _merge(fleet[cl], tot)
         if group_by == "cause":
             continue
-        key = {"user": user, "account": account, "team": team, "cluster": cl}[group_by]
+        key = pk if group_by == "job" else {"user": user, "account": account, "team": team, "cluster": cl}[group_by]
         _merge(groups[key][cl], tot)
         jobs_in[key] += 1
     total = _summary(dict(fleet), cost)
@@ -141,14 +144,28 @@ def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, c
                          "cost": _priced({cl: v.get(cat, 0.0) for cl, v in fleet.items()}, cost)})
         out_groups: list[dict[str, Any]] = rows
     else:
-        out_groups = []
-        for key, by_cl in groups.items():
-            g = _summary(dict(by_cl), cost)
-            out_groups.append({"key": key, "jobs": jobs_in[key], **g})
-        out_groups.sort(key=lambda g: (-g["wasted_gpu_hours"], str(g["key"])))
+        ranked = []
+        for key, per_cl in groups.items():
+            g: dict[str, Any] = {"key": key, "jobs": jobs_in[key], **_summary(dict(per_cl), cost)}
+            if group_by == "job":
+                user, account, team, cl = info.get(key, (None, None, None, "?"))
+                g.update(key=job_ids.get(key, str(key)), cluster=cl, user=user, account=account, team=team)
+            ranked.append((g, key))
+        ranked.sort(key=lambda gk: (-gk[0]["wasted_gpu_hours"], str(gk[0]["key"])))
+        out_groups = [g for g, _ in ranked]
+    omitted = None
+    if limit is not None and group_by != "cause" and len(out_groups) > limit:
+        # The rest, summed: the groups shown plus omitted still add up to total.
+        rest: dict[str, dict[str, float]] = defaultdict(dict)
+        for _, key in ranked[limit:]:
+            for cl, tot in groups[key].items():
+                _merge(rest[cl], tot)
+        omitted = {"groups": len(ranked) - limit, "jobs": sum(jobs_in[k] for _, k in ranked[limit:]),
+                   **_summary(dict(rest), cost)}
+        out_groups = out_groups[:limit]
     return {"start": start, "end": end, "minutes": [m0 * 60, m1 * 60], "group_by": group_by, "cluster": cluster,
             "currency": cost.currency, "price_per_gpu_hour": cost.price(cluster) if cluster else cost.gpu_hour_price,
-            "total": total, "groups": out_groups, "categories": categories().as_json()}
+            "total": total, "groups": out_groups, "omitted": omitted, "categories": categories().as_json()}
 
 
 def _merge(into: dict[str, float], add: dict[str, float]) -> None:

@@ -67,7 +67,7 @@ def test_ledger_endpoints_add_up(database_url: str, live_server: Callable[..., A
 
         everything = {"start": str(T0 - 3600), "end": str(T0 + 3 * 3600)}
         totals = []
-        for group_by in ("cause", "user", "account", "team", "cluster"):
+        for group_by in ("cause", "job", "user", "account", "team", "cluster"):
             r = c.get("/api/v1/fleet/ledger", params={**everything, "group_by": group_by})
             assert r.status_code == 200, r.text
             d = r.json()
@@ -87,6 +87,14 @@ def test_ledger_endpoints_add_up(database_url: str, live_server: Callable[..., A
         assert {g["key"] for g in users} == {"ann", "bob"}
         assert {g["key"] for g in c.get("/api/v1/fleet/ledger", params={**everything, "group_by": "account"})
                 .json()["groups"]} == {"acct1", "acct2"}
+        by_job = c.get("/api/v1/fleet/ledger", params={**everything, "group_by": "job"}).json()["groups"]
+        assert {g["key"] for g in by_job} == {"l-idle", "l-good", "l-thr"} and by_job[0]["key"] == "l-idle"
+        assert by_job[0]["user"] == "ann" and by_job[0]["cluster"] == "default"
+        # the most wasteful only: the rest summed in omitted, so it still adds up
+        top = c.get("/api/v1/fleet/ledger", params={**everything, "group_by": "job", "limit": "1"}).json()
+        assert [g["key"] for g in top["groups"]] == ["l-idle"] and top["omitted"]["groups"] == 2
+        assert _close(top["groups"][0]["allocated_gpu_hours"] + top["omitted"]["allocated_gpu_hours"],
+                      top["total"]["allocated_gpu_hours"])
         # a range covering part of the jobs: fewer GPU-hours, still adding up
         part = c.get("/api/v1/fleet/ledger", params={"start": str(T0 + 600), "end": str(T0 + 1200),
                                                      "group_by": "user"}).json()
