@@ -12,6 +12,13 @@
   // live refresh period; ?refresh=<seconds> overrides it (>= 2 s)
   const REFRESH_MS = Math.max(2000, 1000 * (Number(new URLSearchParams(location.search).get("refresh")) || 15));
 
+  // The sticky time bar sits right under the sticky header (whose height depends on its
+  // contents: search box, user menu), so neither hides the other or the charts' titles.
+  const headerH = () => { const hd = document.querySelector("header"); if (hd) document.documentElement.style.setProperty("--header-h", `${Math.ceil(hd.getBoundingClientRect().height)}px`); };
+  headerH();
+  addEventListener("resize", headerH);
+  if (window.ResizeObserver && document.querySelector("header")) new ResizeObserver(headerH).observe(document.querySelector("header"));
+
   // ---- DOM helpers -------------------------------------------------------------------
   const { h, append } = window.gpufleetDom; // api/static/dom.js
   const clear = (el) => { while (el.firstChild) el.removeChild(el.firstChild); return el; };

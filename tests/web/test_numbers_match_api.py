@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from apiseed import Seeded
-from webpage import Page, gh, pct, rounded
+from webpage import SCREENSHOTS, Page, gh, pct, rounded
 
 pytestmark = pytest.mark.browser
 
@@ -150,3 +150,41 @@ def test_severity_first_and_numbers_match_the_api(web: tuple[Page, Seeded], sqli
 def test_one_rounding_rule() -> None:
     """The Python mirror of fmt.js: 0.2795 is 28.0% (toFixed alone says 27.9%), 0.125 is 13%."""
     assert pct(0.2795, 1) == "28.0%" and pct(0.125) == "13%" and rounded(2.25, 1) == "2.3" and gh(123.5) == "124"
+
+
+def test_multi_node_job_page_does_not_scroll_sideways(web: tuple[Page, Seeded], sqlite_url: str) -> None:
+    """A 16-node job with 8 NIC ports per node at 1440 px: every chart key wraps, no element
+    widens the page, and the sticky time bar sits below the header (it covered chart titles)."""
+    from apiseed import seed_big_job
+    from sqlalchemy import insert, select
+
+    from gpufleet.storage.collectives_models import NicSampleRow
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.models import Node
+
+    p, s = web
+    e = make_engine(sqlite_url)
+    seed_big_job(e, n_gpus=128, hours=2.0, job_id="wide", now=s.now)
+    with e.begin() as c:
+        nodes = list(c.execute(select(Node.id).where(Node.name.like("big-%"))).scalars())
+        c.execute(insert(NicSampleRow), [
+            {"node_id": nid, "ts": s.now - 60 * m, "nic": f"mlx5_{k}", "interval_s": 60.0, "link_layer": "InfiniBand",
+             "state": "ACTIVE", "rate_gbps": 400.0, "tx_bytes_s": 2.0e10, "rx_bytes_s": 1.5e10, "xmit_wait": 0.0,
+             "errors": 0.0, "counters": {}}
+            for nid in nodes for k in range(8) for m in range(0, 30, 5)])
+    e.dispose()
+    pg = p.open("/jobs/wide")
+    pg.locator("#nic-charts").scroll_into_view_if_needed()
+    pg.wait_for_function("() => window.__gpufleet.nicCharts === 128")
+    pg.evaluate("() => window.gpufleetCharts.flush()")
+    width = pg.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert width[0] <= width[1], f"the job page scrolls sideways at 1440 px: {width}"
+    # the sticky time bar sits under the sticky header, not behind it
+    pg.locator("#chart-power_w").scroll_into_view_if_needed()
+    header = pg.evaluate("() => document.querySelector('header').getBoundingClientRect().bottom")
+    bar = pg.evaluate("() => document.querySelector('.sticky-range').getBoundingClientRect().top")
+    assert bar >= header - 1, (bar, header)
+    pg.screenshot(path=str(SCREENSHOTS / "numbers-job-multinode-scrolled.png"))  # the viewport: bar under header
+    pg.locator("#nic-charts").screenshot(path=str(SCREENSHOTS / "numbers-job-multinode-nics.png"))
+    p.shot("numbers-job-multinode")
+    assert p.errors == []
