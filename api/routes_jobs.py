@@ -18,6 +18,7 @@ from .metrics import TimedRoute
 from .queries.common import DEFAULT_CLUSTER, now, parse_time
 from .queries.job_timeline import job_timeline, previous_runs
 from .queries.jobs import find_job, job_detail, list_jobs
+from .queries.per_gpu_ledger import LEDGER_COLUMNS, with_ledger
 from .queries.timeseries import job_timeseries, parse_fields
 from .routes_common import SAFE, ClusterFilter, ClusterQ, Cursor, JobIdPath, SessionDep, Text
 from .schemas import JobPublic, JobsPublic, Message, TimeseriesPublic
@@ -31,7 +32,7 @@ TimeQ = Annotated[str | None, Query(max_length=64, pattern=SAFE,
                                     description="epoch seconds, ISO-8601 (UTC if naive) or a past offset like -24h")]
 FIELDS_DOC = "comma-separated catalog fields (default: sm_active,tensor_active,dram_active,power_w,sm_clock_mhz)"
 PER_GPU_COLUMNS = ("gpu_uuid", "node", "index", "sm_active_mean", "tensor_active_mean", "dram_active_mean",
-                   "power_w_mean", "sm_clock_mhz_mean", "fb_used_bytes_max")
+                   "power_w_mean", "sm_clock_mhz_mean", "fb_used_bytes_max", *LEDGER_COLUMNS)
 
 
 @router.get("", response_model=JobsPublic, summary="List jobs (filter, sort, cursor pagination)")
@@ -146,7 +147,8 @@ def read_job(job_id: JobIdPath, session: SessionDep, settings: SettingsDep,
                                     and "application/json" not in accept)
     if wants_csv:
         name = quote(f"{cluster}-{job_id}-gpus.csv", safe="")
-        return Response(per_gpu_csv(detail["per_gpu"]), media_type="text/csv; charset=utf-8",
+        rows = with_ledger(detail["per_gpu"], detail["report"])  # the ledger's columns per GPU
+        return Response(per_gpu_csv(rows), media_type="text/csv; charset=utf-8",
                         headers={"Content-Disposition": f"attachment; filename*=UTF-8''{name}"})
     links = {"web": f"/jobs/{quote(job_id, safe='')}?{urlencode({'cluster': cluster})}",
              "timeseries": f"/api/v1/jobs/{quote(job_id, safe='')}/timeseries?{urlencode({'cluster': cluster})}"}

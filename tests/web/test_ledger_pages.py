@@ -6,6 +6,8 @@ artifacts/screenshots/ledger-*.png."""
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -107,6 +109,11 @@ def test_pages_read_the_ledger(analysed: Page) -> None:
         assert sum(led["categories"].values()) == pytest.approx(led["allocated_gpu_hours"], rel=1e-3)
         if job_id == "l-idle":
             p.shot("ledger-job")
+        # the per-GPU CSV's ledger columns add up to the job's ledger
+        csv_rows = list(csv.DictReader(io.StringIO(p.page.context.request.get(
+            f"{p.base}/api/v1/jobs/{job_id}?format=csv").text())))
+        for col in ("allocated_gpu_hours", "wasted_gpu_hours", "productive_gpu_hours", "unobserved_gpu_hours"):
+            assert sum(float(r[col]) for r in csv_rows) == pytest.approx(led[col], abs=2e-3), col
         # a flag's waste is its share of the ledger: together never more than the job's waste
         flags = _get(p, f"/api/v1/jobs/{job_id}")["flags"]
         assert sum(f["wasted_gpu_hours"] for f in flags) <= led["wasted_gpu_hours"] + 1e-3
