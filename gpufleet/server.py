@@ -31,7 +31,7 @@ Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]]
 def _parts() -> list[ModuleType]:
     from gpufleet.alerts import routes as alert_routes
     from gpufleet.api import routes as api_routes
-    from gpufleet.api import web
+    from gpufleet.api import web, web_serving
     from gpufleet.api.auth import routes as auth_routes
     from gpufleet.collector import routes as collector_routes
     from gpufleet.collector import serving_routes
@@ -39,8 +39,8 @@ def _parts() -> list[ModuleType]:
     from gpufleet.collector.remote_write import routes as remote_write_routes
 
     # remote write and export after the API: their lifespans add counters to its /metrics registry
-    return [collector_routes, serving_routes, api_routes, alert_routes, web, remote_write_routes, export_routes,
-            auth_routes]
+    return [collector_routes, serving_routes, api_routes, alert_routes, web, web_serving, remote_write_routes,
+            export_routes, auth_routes]
 
 
 def create_app(settings: Settings | None = None, *, extra_lifespans: list[Lifespan] | None = None) -> FastAPI:
