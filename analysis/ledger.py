@@ -54,19 +54,22 @@ class Categories:
     hardware: tuple[str, ...]  # hardware flag kinds (each a category)
     flag_categories: Mapping[str, tuple[str, ...]]  # flag kinds without claims -> their categories
     stops_work: frozenset[str]
+    # Serving flag kinds: the categories of a replica-minute (analysis/serving/ledger.py), which
+    # ``fold`` takes as the application's own view, as it takes progress.
+    serving: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Every category: productive, the progress causes, the hardware kinds, unobserved."""
-        hw = tuple(k for k in self.hardware if k not in self.progress)
+        """Every category: productive, the progress causes, the hardware and serving kinds, unobserved."""
+        hw = tuple(k for k in (*self.hardware, *self.serving) if k not in self.progress)
         return (PRODUCTIVE, *self.progress, *hw, UNOBSERVED)
 
     def as_json(self) -> list[dict[str, Any]]:
         reg = flag_kinds()
         out = [{"name": PRODUCTIVE, "kind": "productive", "source": None, "title": "productive"}]
         out += [{"name": c, "kind": "badput", "source": "progress", "title": self.titles[c]} for c in self.progress]
-        out += [{"name": k, "kind": "badput", "source": "hardware", "title": reg.title(k)}
-                for k in self.hardware if k not in self.progress]
+        out += [{"name": k, "kind": "badput", "source": reg.get(k).source, "title": reg.title(k)}
+                for k in (*self.hardware, *self.serving) if k not in self.progress]
         out.append({"name": UNOBSERVED, "kind": "unobserved", "source": None, "title": "no telemetry, no progress"})
         return out
 
@@ -86,8 +89,10 @@ def parse_categories(text: str) -> Categories:
     if unknown:
         raise ValueError(f"ledger categories: [flags] names unknown categories {unknown}")
     stops = frozenset(str(k) for k in (raw.get("precedence") or {}).get("stops_work", []))
+    serving = tuple(k.name for k in reg.kinds if k.source == "serving")
     return Categories(tuple(names), frozenset(str(c["name"]) for c in causes if c.get("explainable")),
-                      {str(c["name"]): str(c.get("title", c["name"])) for c in causes}, hardware, flags, stops)
+                      {str(c["name"]): str(c.get("title", c["name"])) for c in causes}, hardware, flags, stops,
+                      serving)
 
 
 @cache
@@ -183,8 +188,10 @@ def fold(grid: Grid, observed_s: np.ndarray, claims: Sequence[Claim] = (), *,
          idle: np.ndarray | None = None, progress: Mapping[str, np.ndarray] | None = None,
          cats: Categories | None = None) -> Ledger:
     """The ledger of one job. ``observed_s``: (G, M) seconds of telemetry per GPU-minute;
-    ``idle``: (G, M) judged idle by the hardware view; ``progress``: cause (``productive``
-    included) -> (G, M) seconds the job's progress accounts. See the module docstring."""
+    ``idle``: (G, M) judged idle by the hardware view; ``progress``: the application's own view,
+    cause (``productive`` included) -> (G, M) seconds: the job's progress (``progress_minutes``),
+    or a serving replica's minutes (analysis/serving/ledger.py; its kinds stay its own, as spans
+    do). See the module docstring."""
     cats = cats or categories()
     g, m = grid.n_gpus, grid.m
     alloc = np.broadcast_to(grid.alloc_s, (g, m))

@@ -220,6 +220,18 @@ def test_categories_file_is_consistent() -> None:
             "idle"} <= set(c.progress)
     assert c.names[0] == PRODUCTIVE and c.names[-1] == UNOBSERVED and len(set(c.names)) == len(c.names)
     assert "hw_fault" in c.hardware and "hw_fault" in c.stops_work
+    listed = {x["name"]: x for x in c.as_json()}
+    assert set(listed) == set(c.names) and all(listed[k]["source"] == "serving" for k in c.serving)
+
+
+def test_a_serving_replica_decides_like_progress() -> None:
+    """analysis/serving/ledger.py's replica-minute categories, given as the application's view:
+    productive as served, the serving kinds stay theirs, the hardware cannot take them."""
+    grid = Grid.of(0.0, 60.0, 1)
+    served = {PRODUCTIVE: np.array([[45.0]]), "slo_missed": np.array([[15.0]])}
+    led = fold(grid, np.full((1, 1), 60.0), [Claim("throttled", "", "warning", np.full((1, 1), 0.5))],
+               progress=served)
+    assert led.totals() == {PRODUCTIVE: 45.0, "slo_missed": 15.0}
     bad = "productive = \"productive\"\nunobserved = \"unobserved\"\n[flags]\nx = [\"nope\"]\n"
     try:
         parse_categories(bad)
