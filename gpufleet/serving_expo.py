@@ -301,3 +301,45 @@ def _hist_problem(raw: Any) -> str | None:
     if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s):
         return "sum must be a finite number"
     return None
+
+
+class MinuteFolder:
+    """Per-replica scrapes in, whole minutes out (stateful; the agent's scrape and the remote-write
+    receiver each keep one). ``add`` takes a replica's snapshot at time t (its delta against the
+    replica's previous one goes to the minute the interval starts in); ``drain`` hands out each
+    minute that ended before ``now`` once. At most ``max_minutes`` open minutes per replica are kept
+    (the oldest go first) so a replica that is never drained cannot grow without bound."""
+
+    def __init__(self, max_minutes: int = 60, registry: ServingRegistry | None = None) -> None:
+        self.max_minutes = max_minutes
+        self.registry = registry or serving_registry()
+        self._last: dict[Any, tuple[float, Snapshot]] = {}
+        self._parts: dict[Any, dict[int, list[Snapshot]]] = {}
+
+    def add(self, key: Any, t: float, snap: Snapshot) -> None:
+        prev = self._last.get(key)
+        if prev is not None and t <= prev[0]:
+            return  # a sample already seen (a resent body) or out of order: the delta would be wrong
+        d = delta(prev[1] if prev else None, snap, self.registry)
+        start = t if prev is None else prev[0]
+        parts = self._parts.setdefault(key, {})
+        parts.setdefault(int(start // 60) * 60, []).append(d)
+        while len(parts) > self.max_minutes:
+            parts.pop(min(parts))
+        self._last[key] = (t, snap)
+
+    def forget(self, keep: Iterable[Any]) -> None:
+        """Drop the state of replicas not in ``keep`` (gone targets)."""
+        wanted = set(keep)
+        for d in (self._last, self._parts):
+            for k in [k for k in d if k not in wanted]:
+                del d[k]
+
+    def drain(self, now: float) -> list[tuple[Any, int, Snapshot]]:
+        out = []
+        for key, parts in self._parts.items():
+            for minute in sorted(m for m in parts if m + 60 <= now):
+                measures = fold(parts.pop(minute), self.registry)
+                if measures:
+                    out.append((key, minute, measures))
+        return out

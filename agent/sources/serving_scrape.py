@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.serving_expo import ExpositionError, Snapshot, delta, fold, measures_to_json, parse_exposition, snapshot
+from gpufleet.serving_expo import ExpositionError, MinuteFolder, measures_to_json, parse_exposition, snapshot
 from gpufleet.serving_metrics import serving_registry
 
 ANNOTATION_ENGINE = "gpufleet.io/serving-engine"
@@ -117,60 +117,43 @@ def listening_ports(proc_root: Path, pids: Iterable[int]) -> list[int]:
 
 
 @dataclass
-class _Replica:
-    target: ServingTarget
-    last: Snapshot | None = None
-    last_t: float | None = None
-    parts: dict[int, list[Snapshot]] = field(default_factory=dict)
-
-
-@dataclass
 class ServingScraper:
-    """Scrapes each target, keeps its last snapshot, and hands out whole minutes as records."""
+    """Scrapes each target and hands out whole minutes as intake records (gpufleet.serving_expo.MinuteFolder)."""
 
     fetch: Callable[[str], str]
-    replicas: dict[tuple[str, str], _Replica] = field(default_factory=dict)
+    targets: dict[tuple[str, str], ServingTarget] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # url -> the last failure (surfaced, not hidden)
-    max_minutes: int = 60  # minutes kept per replica while the collector is unreachable (bounded)
+    folder: MinuteFolder = field(default_factory=MinuteFolder)  # bounded while the collector is away
 
     def set_targets(self, targets: Iterable[ServingTarget]) -> None:
-        keep = {}
-        for t in targets:
-            key = (t.deployment, t.replica)
-            old = self.replicas.get(key)
-            keep[key] = old if old is not None and old.target == t else _Replica(t)
-        self.replicas = keep
+        new = {(t.deployment, t.replica): t for t in targets}
+        # a target whose endpoint or engine changed starts afresh (its counters are another engine's)
+        self.folder.forget(k for k, t in new.items() if self.targets.get(k) == t)
+        self.targets = new
 
     def scrape(self, now: float) -> None:
-        for rep in self.replicas.values():
+        for key, t in self.targets.items():
             try:
-                snap = snapshot(parse_exposition(self.fetch(rep.target.url)), rep.target.engine)
+                snap = snapshot(parse_exposition(self.fetch(t.url)), t.engine)
             except (OSError, ExpositionError, ValueError) as e:
-                self.errors[rep.target.url] = f"{type(e).__name__}: {e}"
+                self.errors[t.url] = f"{type(e).__name__}: {e}"
                 continue
-            self.errors.pop(rep.target.url, None)
-            d = delta(rep.last, snap)
-            start = now if rep.last_t is None else rep.last_t
-            minute = int(start // 60) * 60
-            rep.parts.setdefault(minute, []).append(d)
-            while len(rep.parts) > self.max_minutes:
-                rep.parts.pop(min(rep.parts))
-            rep.last, rep.last_t = snap, now
+            self.errors.pop(t.url, None)
+            self.folder.add(key, now, snap)
 
     def drain(self, now: float, gpus_of: Callable[[str], list[str]]) -> list[dict[str, Any]]:
         """Records of the minutes that ended before ``now`` (each once); ``gpus_of(job)`` is the GPU
         -> job attribution's answer for the replica's job."""
         out = []
-        for rep in self.replicas.values():
-            for minute in sorted(m for m in rep.parts if m + 60 <= now):
-                measures = fold(rep.parts.pop(minute))
-                if not measures:
-                    continue
-                uuids = gpus_of(rep.target.replica)
-                out.append({"deployment": rep.target.deployment, "replica": rep.target.replica, "minute": minute,
-                            "engine": rep.target.engine, "gpus": len(uuids), "gpu_uuids": uuids,
-                            "job_id": rep.target.replica, "measures": measures_to_json(measures)})
+        for key, minute, measures in self.folder.drain(now):
+            t = self.targets.get(key)
+            if t is None:
+                continue
+            uuids = gpus_of(t.replica)
+            out.append({"deployment": t.deployment, "replica": t.replica, "minute": minute, "engine": t.engine,
+                        "gpus": len(uuids), "gpu_uuids": uuids, "job_id": t.replica,
+                        "measures": measures_to_json(measures)})
         return out
 
     def deployment_labels(self) -> dict[str, dict[str, str]]:
-        return {r.target.deployment: dict(r.target.slo_labels) for r in self.replicas.values() if r.target.slo_labels}
+        return {t.deployment: dict(t.slo_labels) for t in self.targets.values() if t.slo_labels}
