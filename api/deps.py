@@ -32,7 +32,8 @@ def _authorize(request: Request, role: str) -> TokenInfo:
     settings = request.app.state.settings
     try:
         return tokens.authorize(request.app.state.engine, request.headers.get("authorization"), role,
-                                settings.auth.allow_anonymous, request.scope.get("gpufleet.identity"))
+                                settings.auth.allow_anonymous, request.scope.get("gpufleet.identity"),
+                                request.scope.get("gpufleet.cluster_scope"))
     except tokens.AuthError as e:
         extra = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
         raise HTTPException(e.status, e.detail, headers=extra) from None

@@ -63,7 +63,7 @@ def sign_in_with_token(engine: Engine, raw_token: str, ttl_s: float, now: float 
         raise SignInError("unknown or revoked token")
     if info.role == "agent":
         raise SignInError(f"token {info.name!r} is an agent token; sign in with a viewer, operator or admin token")
-    why = unsupported_scope(info)
+    why = unsupported_scope(info, info.cluster)  # a cluster viewer's session is narrowed like its token
     if why is not None:
         raise SignInError(why)
     with engine.connect() as c:

@@ -68,9 +68,9 @@ def create_token(engine: Engine, name: str, role: str, cluster: str | None = Non
         raise ValueError(f"token name must be 1-{_NAME_MAX} characters, without control characters")
     if node is not None and role != "agent":
         raise ValueError("--node only applies to agent tokens")
-    if cluster is not None and role != "agent":
-        raise ValueError(f"--cluster only applies to agent tokens: reads are not cluster-scoped, so a {role} token "
-                         "would see every cluster anyway; create it without --cluster")
+    if cluster is not None and role not in ("agent", "viewer"):
+        raise ValueError(f"--cluster applies to agent and viewer tokens: what an {role} does is not cluster-scoped, "
+                         "so the token would reach every cluster; create it without --cluster")
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with engine.begin() as c:
         exists = c.execute(select(ApiToken.id).where(ApiToken.name == name)).first()
@@ -136,23 +136,31 @@ def verify_token(engine: Engine, raw: str) -> TokenInfo | None:
     return info
 
 
-def unsupported_scope(info: TokenInfo) -> str | None:
-    """Why a stored token cannot be used as it was meant, or None. A viewer/operator/admin token
-    with a cluster (made before ``--cluster`` was refused for them) was meant to read one
-    cluster, but reads are not cluster-scoped: refused rather than let it read every cluster."""
-    if info.role != "agent" and info.cluster is not None:
-        return (f"token {info.name!r} ({info.role}) was created for cluster {info.cluster!r}, but people's "
-                "tokens cannot be limited to a cluster; an admin revokes it and creates one without --cluster")
-    return None
+def unsupported_scope(info: TokenInfo, cluster_scope: str | None = None) -> str | None:
+    """Why a stored token cannot be used for this request, or None. A viewer token with a
+    cluster reads only requests the web layer narrowed to that cluster (``cluster_scope``,
+    ``api.auth.cluster_scope``); an operator/admin token with one (made before ``--cluster`` was
+    refused for them) was meant to be limited, but what operators do is not cluster-scoped:
+    refused rather than let it reach every cluster."""
+    if info.role == "agent" or info.cluster is None:
+        return None
+    if info.role == "viewer":
+        if cluster_scope == info.cluster:
+            return None
+        return (f"token {info.name!r} reads only cluster {info.cluster!r}, and this endpoint is not a per-cluster "
+                "read (docs/api.md, Token scope)")
+    return (f"token {info.name!r} ({info.role}) was created for cluster {info.cluster!r}, but {info.role} tokens "
+            "cannot be limited to a cluster; an admin revokes it and creates one without --cluster")
 
 
 def authorize(engine: Engine, authorization_header: str | None, required: str, allow_anonymous: bool,
-              identity: TokenInfo | None = None) -> TokenInfo:
+              identity: TokenInfo | None = None, cluster_scope: str | None = None) -> TokenInfo:
     """Check an ``Authorization`` header for role ``required``; raises AuthError(401/403).
     ``identity`` is who the web layer already knows is calling without a header (a signed-in
-    session or a trusted SSO proxy, ``api.auth``); it wins over anonymous access."""
+    session or a trusted SSO proxy, ``api.auth``); it wins over anonymous access. ``cluster_scope``:
+    the cluster the web layer narrowed this request to, for a cluster-scoped viewer."""
     if not authorization_header and identity is not None:
-        why = unsupported_scope(identity)  # a session signed in before such tokens were refused
+        why = unsupported_scope(identity, cluster_scope)
         if why is not None:
             raise AuthError(403, why)
         if not role_at_least(identity.role, required):
@@ -169,7 +177,7 @@ def authorize(engine: Engine, authorization_header: str | None, required: str, a
     info = verify_token(engine, raw)
     if info is None:
         raise AuthError(401, "unknown or revoked token")
-    why = unsupported_scope(info)
+    why = unsupported_scope(info, cluster_scope)
     if why is not None:
         raise AuthError(403, why)
     if not role_at_least(info.role, required):

@@ -22,7 +22,9 @@ from typing import Any
 from anyio import to_thread
 
 from gpufleet.storage import sessions
+from gpufleet.storage.tokens import TokenInfo, verify_token
 
+from .cluster_scope import OutOfScope, scoped_query
 from .config import WebAuthConfig
 from .hosts import UNSAFE_METHODS, cross_site, host_allowed, split_host
 from .identity import CSRF_HEADER, SESSION_COOKIE, SsoRefused, cookies, sso_identity
@@ -77,6 +79,10 @@ class WebGuard:
             await _deny(send, 403, f"cross-site request refused: {why}")
             return
         if h.get("authorization"):
+            if scope["path"] not in _INTAKE:  # the write hot path: agents, never a viewer
+                info = await to_thread.run_sync(_bearer, self.state_app.state.engine, h["authorization"])
+                if info is not None and not await _scope_reads(scope, send, info):
+                    return
             await self.app(scope, receive, send)
             return
         if not host_allowed(host, cfg.allowed_hosts, cfg.implied_hosts):
@@ -103,6 +109,8 @@ class WebGuard:
             scope[IDENTITY] = session.identity()
         if session is not None:
             scope[SESSION] = (raw, session)
+        if IDENTITY in scope and not await _scope_reads(scope, send, scope[IDENTITY]):
+            return
         if (method in UNSAFE_METHODS and IDENTITY in scope and scope["path"] not in CSRF_EXEMPT
                 and (session is None or not sessions.csrf_ok(raw or "", h.get(CSRF_HEADER)))):
                 await _deny(send, 403, "CSRF check failed: this change must come from a gpufleet page (reload it) "
@@ -119,6 +127,30 @@ class WebGuard:
 
         name = (urlsplit(origin.strip().lower()).hostname or "")
         return bool(name) and name in cfg.allowed_hosts
+
+
+_INTAKE = frozenset({"/api/v1/ingest", "/api/v1/write", "/api/v1/import"})
+CLUSTER_SCOPE = "gpufleet.cluster_scope"  # the cluster a scoped viewer's request was narrowed to
+
+
+def _bearer(engine: Any, header: str) -> TokenInfo | None:
+    scheme, _, raw = header.partition(" ")
+    return verify_token(engine, raw.strip()) if scheme.lower() == "bearer" else None
+
+
+async def _scope_reads(scope: dict[str, Any], send: Any, who: TokenInfo) -> bool:
+    """For a cluster-scoped viewer: narrow the request to its cluster (``cluster_scope``), or
+    answer 403 and return False. Anyone else passes unchanged."""
+    if who.cluster is None or who.role != "viewer":
+        return True
+    try:
+        scope["query_string"] = scoped_query(scope["method"], scope["path"], scope.get("query_string", b""),
+                                             who.cluster)
+    except OutOfScope as e:
+        await _deny(send, 403, e.detail)
+        return False
+    scope[CLUSTER_SCOPE] = who.cluster
+    return True
 
 
 def web_auth_config(settings: Any) -> WebAuthConfig:

@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("name")
     c.add_argument("--role", required=True, choices=ROLES,
                    help="agent (writes telemetry), viewer, operator, admin")
-    c.add_argument("--cluster", default=None, help="restrict an agent token to this cluster")
+    c.add_argument("--cluster", default=None, help="agent: writes only this cluster; viewer: reads only this "
+                   "cluster (not for operator/admin)")
     c.add_argument("--node", default=None, help="restrict an agent token to this node")
     add_database_args(c)
     ls = tsub.add_parser("list", help="list tokens (never their values)")
