@@ -25,11 +25,13 @@ GroupBy = Literal["cause", "job", "user", "account", "team", "cluster"]
 @router.get("/jobs/{job_id:path}/ledger", summary="A job's GPU-time ledger: every allocated GPU-second once",
             responses={404: {"model": Message, "description": "no such job"}})
 def read_job_ledger(job_id: JobIdPath, session: SessionDep, settings: SettingsDep,
-                    cluster: ClusterQ = DEFAULT_CLUSTER) -> Any:
+                    cluster: ClusterQ = DEFAULT_CLUSTER,
+                    step: Annotated[int, Query(ge=60, le=86400, description="seconds per point of the series, "
+                                               "a multiple of 60")] = 60) -> Any:
     found = find_job(session, cluster, job_id)
     if found is None:
         raise HTTPException(404, f"no job {job_id!r} in cluster {cluster!r}")
-    return job_ledger(session, found[0], found[1], settings.cost)
+    return job_ledger(session, found[0], found[1], settings.cost, step)
 
 
 @router.get("/fleet/ledger", summary="The fleet's GPU-time ledger over a time range, by cause, job, user, "

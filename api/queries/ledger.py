@@ -48,8 +48,12 @@ def _summary(by_cluster: dict[str, dict[str, float]], cost: CostSettings, **kw: 
     return out
 
 
-def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings) -> dict[str, Any]:
-    """``GET /api/v1/jobs/{id}/ledger``."""
+def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings, step_s: int = 60) -> dict[str, Any]:
+    """``GET /api/v1/jobs/{id}/ledger``; the series in buckets of ``step_s`` (a multiple of 60:
+    each bucket the sum of its minutes' GPU-seconds)."""
+    if step_s < 60 or step_s % 60:
+        raise BadRequest(f"step={step_s}: a multiple of 60 seconds")
+    per = step_s // 60
     t = GpuLedgerMinute.__table__
     rows = session.execute(select(t.c.minute, t.c.category, t.c.gpu_s).where(t.c.job_pk == job.id)
                            .order_by(t.c.minute)).all()
@@ -60,12 +64,13 @@ def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings) -> 
     series: dict[str, list[float]] = {}
     for m, cat, secs in rows:
         totals[cat] += secs
-        if not minutes or minutes[-1] != m:
-            minutes.append(int(m))
+        b = int(m) // per * per
+        if not minutes or minutes[-1] != b:
+            minutes.append(b)
             for v in series.values():
                 v.append(0.0)
         col = series.setdefault(cat, [0.0] * len(minutes))
-        col[-1] = round(float(secs), 3)
+        col[-1] = round(col[-1] + float(secs), 3)
     out = _summary({cluster: dict(totals)}, cost, failures=int(led.get("failures") or 0),
                    wall_s=float(led.get("wall_hours") or 0.0) * 3600)
     flags = []
@@ -85,7 +90,7 @@ def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings) -> 
             "window": {"start": win.get("start", job.start_ts), "end": win.get("end", job.end_ts)},
             "currency": cost.currency, "price_per_gpu_hour": cost.price(cluster), **out,
             "progress": bool(led.get("progress")), "flags": flags, "by_gpu": led.get("by_gpu") or [],
-            "minutes": {"t": [m * 60 for m in minutes], "gpu_s": series}}
+            "minutes": {"t": [m * 60 for m in minutes], "step": step_s, "gpu_s": series}}
 
 
 def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, cluster: str | None,

@@ -61,6 +61,9 @@ def test_ledger_endpoints_add_up(database_url: str, live_server: Callable[..., A
             assert len(d["minutes"]["t"]) == len(next(iter(series.values())))
             assert _close(sum(sum(v) for v in series.values()) / 3600, d["allocated_gpu_hours"])
             assert len(d["by_gpu"]) == len(j.gpus)
+            hourly = c.get(f"/api/v1/jobs/{j.job_id}/ledger", params={"step": "600"}).json()["minutes"]
+            assert hourly["step"] == 600 and len(hourly["t"]) < len(d["minutes"]["t"])
+            assert _close(sum(sum(v) for v in hourly["gpu_s"].values()) / 3600, d["allocated_gpu_hours"])
             alloc_sum += d["allocated_gpu_hours"]
         idle = c.get("/api/v1/jobs/l-idle/ledger").json()
         assert idle["categories"].get("idle_gpu", 0) > 0.5 and idle["goodput"] is not None and idle["goodput"] < 0.1
@@ -104,5 +107,6 @@ def test_ledger_endpoints_add_up(database_url: str, live_server: Callable[..., A
         assert c.get("/api/v1/fleet/ledger", params={"group_by": "planet"}).status_code in (400, 422)
         r = c.get("/api/v1/fleet/ledger", params={"start": str(T0 + 10), "end": str(T0)})
         assert r.status_code == 400 and "end" in r.json()["detail"]
+        assert c.get("/api/v1/jobs/l-idle/ledger", params={"step": "90"}).status_code == 400
         r = c.get("/api/v1/jobs/nope/ledger")
         assert r.status_code == 404 and "nope" in r.json()["detail"]
