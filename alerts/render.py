@@ -137,7 +137,9 @@ def pct_text(v: Any) -> str:
     (api/static/fmt.js); unknown reads "not known"."""
     if not isinstance(v, int | float):
         return "not known"
-    return f"{Decimal(repr(float(v) * 100)).quantize(Decimal(1), rounding=ROUND_HALF_UP)}%"
+    # on the API number's decimal digits, shifted exactly (not v * 100 in binary): 0.1505 is 15%,
+    # 0.125 is 13%, as fmt.js rounds them
+    return f"{Decimal(repr(float(v))).scaleb(2).quantize(Decimal(1), rounding=ROUND_HALF_UP)}%"
 
 
 def waste_by_cause(job: JobFacts, top: int = 3) -> str:

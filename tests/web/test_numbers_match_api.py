@@ -147,9 +147,20 @@ def test_severity_first_and_numbers_match_the_api(web: tuple[Page, Seeded], sqli
     assert p.errors == []
 
 
-def test_one_rounding_rule() -> None:
-    """The Python mirror of fmt.js: 0.2795 is 28.0% (toFixed alone says 27.9%), 0.125 is 13%."""
+def test_one_rounding_rule(web: tuple[Page, Seeded]) -> None:
+    """fmt.js in the browser and its Python mirror (tests, Slack) agree on every value, edge
+    cases included: 0.2795 is 28.0% (toFixed alone says 27.9%), 0.125 is 13%."""
     assert pct(0.2795, 1) == "28.0%" and pct(0.125) == "13%" and rounded(2.25, 1) == "2.3" and gh(123.5) == "124"
+    p, _ = web
+    pg = p.open("/flags")
+    values = [0.2795, 0.125, 0.005, 0.995, 0.0049999, 1.0, 0.0, 0.33333, 0.66665, 0.1 + 0.2,
+              *[i / 2000 for i in range(0, 2001, 7)]]
+    js = pg.evaluate("(vs) => vs.map((v) => [window.gpufleetFmt.pct(v), window.gpufleetFmt.pct(v, 1), "
+                     "window.gpufleetFmt.gh(v * 250)])", values)
+    assert js == [[pct(v), pct(v, 1), gh(v * 250)] for v in values]
+    from gpufleet.alerts.render import pct_text
+
+    assert [pct_text(v) for v in values] == [pct(v) for v in values]  # Slack too
 
 
 def test_multi_node_job_page_does_not_scroll_sideways(web: tuple[Page, Seeded], sqlite_url: str) -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import httpx
 import pytest
-from webpage import Page
+from webpage import Page, rounded
 
 from gpufleet.agent.simulator import make_job
 from gpufleet.analysis.runner import run_analysis
@@ -58,8 +57,8 @@ def test_engine_scores_render_as_percent_everywhere(browser: Any, sqlite_url: st
         api = {j.job_id: c.get(f"/api/v1/jobs/{j.job_id}").json()["summary"]["goodput_score"] for j in jobs}
     assert all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in api.values()), api
     assert api["s-idle"] < api["s-low"] < 0.7 < api["s-good"], api  # the engine judged them apart
-    # Number.toFixed(0) rounds the exact double half up; Python's round() would round half to even.
-    want = {k: int(Decimal(v * 100).quantize(Decimal(1), rounding=ROUND_HALF_UP)) for k, v in api.items()}
+    # the pages' one rounding rule (api/static/fmt.js; Python's round() would round half to even)
+    want = {k: int(rounded(v, 0, 2)) for k, v in api.items()}
 
     ctx = browser.new_context(viewport={"width": 1440, "height": 900})
     try:

@@ -40,15 +40,17 @@ class Page:
         return out
 
 
-def rounded(v: float, d: int = 0) -> str:
-    """api/static/fmt.js's one rounding rule: half away from zero on the shortest decimal form."""
+def rounded(v: float, d: int = 0, shift: int = 0) -> str:
+    """api/static/fmt.js's one rounding rule: v x 10^shift, half away from zero to d decimals,
+    on the decimal digits of v's shortest form (exact: 0.1505 is 15.1%, 0.2795 is 28.0%)."""
     from decimal import ROUND_HALF_UP, Decimal
 
-    return str(Decimal(repr(float(v))).quantize(Decimal(1).scaleb(-d), rounding=ROUND_HALF_UP))
+    out = str(Decimal(repr(float(v))).scaleb(shift).quantize(Decimal(1).scaleb(-d), rounding=ROUND_HALF_UP))
+    return out[1:] if out.startswith("-") and not any(c in "123456789" for c in out) else out
 
 
 def pct(v: float | None, d: int = 0) -> str:
-    return "–" if v is None else f"{rounded(v * 100, d)}%"
+    return "–" if v is None else f"{rounded(v, d, 2)}%"
 
 
 def gh(v: float | None) -> str:
