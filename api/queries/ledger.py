@@ -75,12 +75,18 @@ def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings, ste
                    wall_s=float(led.get("wall_hours") or 0.0) * 3600)
     flags = []
     reg = categories().flag_categories
-    for f in session.execute(select(Flag).where(Flag.job_pk == job.id).order_by(Flag.id)).scalars():
+    rows_f = list(session.execute(select(Flag).where(Flag.job_pk == job.id).order_by(Flag.id)).scalars())
+    # What the hardware flags hold of a category both views share (hung): not the progress flag's too.
+    held: dict[str, float] = defaultdict(float)
+    for f in rows_f:
+        if not f.scope.startswith("progress"):
+            held[f.kind] += float(f.wasted_gpu_hours or 0.0)
+    for f in rows_f:
         if f.scope.startswith("progress"):
             # A progress kind's share: its categories of the ledger (ledger_categories.toml [flags]);
             # a rank's flag shares nothing the job-wide one already has.
             cats = reg.get(f.kind, ()) if f.scope == "progress" else ()
-            wasted = sum(totals.get(c, 0.0) for c in cats) / 3600
+            wasted = sum(max(0.0, totals.get(c, 0.0) / 3600 - held.get(c, 0.0)) for c in cats)
         else:
             wasted = float(f.wasted_gpu_hours or 0.0)  # the analysis wrote its ledger share
         flags.append({"kind": f.kind, "scope": f.scope, "severity": f.severity, "open": bool(f.open),

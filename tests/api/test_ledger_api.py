@@ -110,3 +110,42 @@ def test_ledger_endpoints_add_up(database_url: str, live_server: Callable[..., A
         assert c.get("/api/v1/jobs/l-idle/ledger", params={"step": "90"}).status_code == 400
         r = c.get("/api/v1/jobs/nope/ledger")
         assert r.status_code == 404 and "nope" in r.json()["detail"]
+
+
+def test_progress_flags_take_their_categories_once(database_url: str, live_server: Callable[..., Any]) -> None:
+    """A progress flag's waste is its categories of the job's ledger; a category both views share
+    (hung) is not counted for the progress flag where a hardware flag already holds it."""
+    from sqlalchemy import insert
+
+    from gpufleet.storage.gpu_ledger import GpuLedgerMinute
+    from gpufleet.storage.models import Cluster, Flag
+
+    e = make_engine(database_url)
+    try:
+        with e.begin() as c:
+            cl = c.execute(select(Cluster.id).where(Cluster.name == "default")).scalar_one()
+            pk = c.execute(insert(Job).values(cluster_id=cl, job_id="p1", state="ended", start_ts=T0,
+                                              end_ts=T0 + 600).returning(Job.id)).scalar_one()
+            m = int(T0 // 60)
+            c.execute(insert(GpuLedgerMinute), [
+                {"job_pk": pk, "minute": m, "category": "productive", "gpu_s": 1800.0},
+                {"job_pk": pk, "minute": m + 1, "category": "restart_lost", "gpu_s": 720.0},
+                {"job_pk": pk, "minute": m + 2, "category": "hung", "gpu_s": 1080.0}])
+            base = {"job_pk": pk, "start_ts": T0, "end_ts": T0 + 600, "evidence": {}, "suggestion": "",
+                    "open": False, "opened_at": T0, "resolved_at": T0 + 600}
+            c.execute(insert(Flag), [
+                {**base, "kind": "hung", "scope": "", "severity": "warning", "wasted_gpu_hours": 0.2},
+                {**base, "kind": "hung", "scope": "progress", "severity": "warning", "wasted_gpu_hours": 9.0},
+                {**base, "kind": "restart_lost_progress", "scope": "progress", "severity": "warning",
+                 "wasted_gpu_hours": 9.0},
+                {**base, "kind": "slow_rank", "scope": "progress:rank3", "severity": "info",
+                 "wasted_gpu_hours": 9.0}])
+    finally:
+        e.dispose()
+    srv = live_server(database_url)
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        d = c.get("/api/v1/jobs/p1/ledger").json()
+    got = {(f["kind"], f["scope"]): f["wasted_gpu_hours"] for f in d["flags"]}
+    assert got == {("hung", ""): 0.2, ("hung", "progress"): 0.1, ("restart_lost_progress", "progress"): 0.2,
+                   ("slow_rank", "progress:rank3"): 0.0}
+    assert _close(sum(got.values()), d["wasted_gpu_hours"]) and d["wasted_gpu_hours"] == 0.5
