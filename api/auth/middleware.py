@@ -79,7 +79,9 @@ class WebGuard:
             await _deny(send, 403, f"cross-site request refused: {why}")
             return
         if h.get("authorization"):
-            if scope["path"] not in _INTAKE:  # the write hot path: agents, never a viewer
+            # Reads only: writes (the intake hot paths among them) are never a viewer's, and
+            # tokens.authorize refuses a scoped viewer wherever this did not narrow the request.
+            if method in ("GET", "HEAD"):
                 info = await to_thread.run_sync(_bearer, self.state_app.state.engine, h["authorization"])
                 if info is not None and not await _scope_reads(scope, send, info):
                     return
@@ -129,7 +131,6 @@ class WebGuard:
         return bool(name) and name in cfg.allowed_hosts
 
 
-_INTAKE = frozenset({"/api/v1/ingest", "/api/v1/write", "/api/v1/import"})
 CLUSTER_SCOPE = "gpufleet.cluster_scope"  # the cluster a scoped viewer's request was narrowed to
 
 
