@@ -121,8 +121,11 @@ def flag_section(config: AlertConfig, s: KindSummary, is_new: bool) -> dict[str,
     scopes = f" on {', '.join(scope_text(x) for x in s.scopes[:6])}" if s.scopes else ""
     if len(s.scopes) > 6:
         scopes += f" +{len(s.scopes) - 6}"
-    lines = [f"{SEVERITY_ICON.get(s.severity, '')} *{esc(title)}*{' (new)' if is_new else ''}{scopes}"
-             f" — {s.wasted_gpu_hours:.1f} GPU-h wasted{cost(config, s.wasted_gpu_hours)}"]
+    # Severity is not waste: a fault that claims no GPU-hours (a degraded NIC, an XID) says so
+    # instead of "0.0 GPU-h wasted", which reads as "harmless"
+    waste = (f"{s.wasted_gpu_hours:.1f} GPU-h wasted{cost(config, s.wasted_gpu_hours)}" if s.wasted_gpu_hours >= 0.05
+             else f"{s.severity}: no GPU time booked to it (what it costs shows in the job's other causes)")
+    lines = [f"{SEVERITY_ICON.get(s.severity, '')} *{esc(title)}*{' (new)' if is_new else ''}{scopes} — {waste}"]
     for f in s.flags[:3]:
         if f.evidence:
             lines.append(f"Evidence: {_evidence(f.kind, f.evidence)}")

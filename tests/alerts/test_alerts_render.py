@@ -169,3 +169,12 @@ def test_slack_reads_goodput_coverage_and_waste_by_cause_from_the_ledger() -> No
     by_cause = next(f for f in fields if f.startswith("*Waste by cause"))
     assert by_cause.index("3.0") < by_cause.index("1.5")
     assert "productive" not in by_cause and "unobserved" not in by_cause
+
+
+def test_a_flag_claiming_no_waste_reads_by_severity() -> None:
+    """A degraded NIC or a hardware fault books no GPU time of its own: the message says so and
+    its severity, never "0.0 GPU-h wasted"."""
+    j = job(flags=(FlagFact("network_degraded", "node-7", "critical", 0.0, {"nic": "mlx5_0/1"}, "drain the node"),))
+    p = render_job(CFG, j, Notification("firing", 1, "k", "", ("network_degraded",), ("network_degraded",), ()), NOW)
+    text = json.dumps(p)
+    assert "0.0 GPU-h wasted" not in text and "critical: no GPU time booked to it" in text
