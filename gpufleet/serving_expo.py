@@ -328,6 +328,11 @@ class MinuteFolder:
             parts.pop(min(parts))
         self._last[key] = (t, snap)
 
+    def last_time(self, key: Any) -> float | None:
+        """When the replica's newest folded snapshot was taken (None: never)."""
+        last = self._last.get(key)
+        return None if last is None else last[0]
+
     def forget(self, keep: Iterable[Any]) -> None:
         """Drop the state of replicas not in ``keep`` (gone targets)."""
         wanted = set(keep)
