@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from gpufleet.progress_fold import EXPIRE_S
+
 from .harness import PY, TRAIN, NodeAgent, job, read_truth, stored_steps, wait_until
 
 pytest.importorskip("torch")
@@ -61,7 +63,10 @@ def ground_truth(runs: list[list[dict[str, Any]]], kill_t: float) -> dict[str, f
 def test_killed_and_resumed_training_matches_its_own_ground_truth(sqlite_url: str, live_server,  # type: ignore[no-untyped-def]
                                                                    tmp_path: Path) -> None:
     srv = live_server(sqlite_url)
-    node = NodeAgent(srv.url, tmp_path)
+    # The relay's own default expiry (10 s: five heartbeats): the harness's 2 s is one heartbeat,
+    # and a loaded box that starves the client's thread for 2 s (importing torch) cut the init
+    # span's stream in two, losing its start.
+    node = NodeAgent(srv.url, tmp_path, expire_s=EXPIRE_S)
     job_id = "torch-ettr"
     args = [PY, str(TRAIN), "--ckpt-dir", str(tmp_path / "ck"), "--steps", "320", "--ckpt-every", "60",
             "--eval-every", "100", "--ckpt-extra-s", "0.4", "--data-wait-s", "0.006"]
