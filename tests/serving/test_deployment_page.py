@@ -43,14 +43,15 @@ def test_deployment_page(sqlite_url: str, live_server: Callable[..., Any]) -> No
         assert c.post("/api/v1/serving/minutes", json=body).status_code == 200
         api = c.get("/api/v1/deployments/llama-8b-chat", params={"start": str(T0), "end": str(T0 + 900)}).json()
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, timeout=180_000)
         try:
             page = b.new_context(viewport={"width": 1400, "height": 900}).new_page()
             errors: list[str] = []
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{srv.url}/deployments/llama-8b-chat?start={T0}&end={T0 + 900}")
-            page.wait_for_function("window.__gpufleet && window.__gpufleet.ready", timeout=60_000)
+            # generous bounds: on a loaded machine the page's load and first draw have taken over 30 s
+            page.goto(f"{srv.url}/deployments/llama-8b-chat?start={T0}&end={T0 + 900}", timeout=180_000)
+            page.wait_for_function("window.__gpufleet && window.__gpufleet.ready", timeout=180_000)
             text = page.inner_text("#app")
             SHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOTS / "serving-deployment.png"), full_page=True)
