@@ -45,6 +45,7 @@ class Rank:
     hang_at: float | None = None
     host: str = ""
     gpu: str = ""
+    first_step: int = 1  # the step a process starts counting at (a joiner resumes the group's step)
     steps: list[float] = field(default_factory=list)  # step completion times (job seconds), filled by plan()
 
     def plan(self, rng: np.random.Generator) -> None:
@@ -108,7 +109,7 @@ def clean_exits_staggered(rng: np.random.Generator, seed: int) -> ProgressCase:
     dur = float(rng.uniform(3600, 5400))
     out = []
     for r in range(10):
-        step = float(rng.uniform(0.4, 0.5))
+        step = float(rng.uniform(0.44, 0.47))  # workers alike within a few percent (healthy)
         end = dur - float(rng.uniform(0, 1200)) if r % 2 else dur
         out.append(Rank(r, 1000 + r, 0.0, end, const(step), host=f"h{r // 4}", gpu=str(r % 4)))
     return ProgressCase("clean_exits_staggered", seed, "workers finish at different times and exit cleanly: no hang, "
@@ -124,7 +125,9 @@ def elastic_resize(rng: np.random.Generator, seed: int) -> ProgressCase:
     leave, join = 0.4 * dur, 0.7 * dur
     out = [Rank(r, 1000 + r, 0.0, dur, const(step), host="h0", gpu=str(r)) for r in range(4)]
     out += [Rank(r, 1000 + r, 0.0, leave, const(step), host="h1", gpu=str(r - 4)) for r in range(4, 8)]
-    out += [Rank(r, 2000 + r, join, dur, const(step), host="h2", gpu=str(r - 4)) for r in range(4, 8)]
+    # the joiners load the group's state and go on from its step (TorchElastic re-rendezvous)
+    out += [Rank(r, 2000 + r, join, dur, const(step), host="h2", gpu=str(r - 4), first_step=int(join / step))
+            for r in range(4, 8)]
     return ProgressCase("elastic_resize", seed, "the group shrinks then grows again; every exit is clean", dur, out, {})
 
 
@@ -196,9 +199,10 @@ PAI_LABELS: dict[str, dict[str, float | None]] = {
 }
 
 
-def pai_case(name: str) -> ProgressCase | None:
-    """The PAI trace's per-worker mini-batch times at their own pace (1 normalised unit = 1 ms),
-    each worker exiting cleanly after its last iteration."""
+def pai_case(name: str, ms_per_unit: float = 1.0) -> ProgressCase | None:
+    """The PAI trace's per-worker mini-batch times, each worker exiting cleanly after its last
+    iteration. The release normalises times to 0-1000, so "its own pace" is a choice: 1 unit =
+    1 ms (0.4 s steps, a 2.5-minute trace) by default; ``ms_per_unit`` stretches it."""
     path = PAI / name
     if not path.exists():
         return None
@@ -211,10 +215,11 @@ def pai_case(name: str) -> ProgressCase | None:
         t = 5.0
         steps = []
         for _, norm in sorted(its):
-            t += norm / 1000.0
+            t += norm * ms_per_unit / 1000.0
             steps.append(t)
         ranks.append(Rank(worker, 1000 + worker, 0.0, t + 1.0, const(0.0), host=f"pai-{worker // 4}",
                           gpu=str(worker % 4), steps=steps))
     dur = max(r.end for r in ranks)
-    return ProgressCase(f"pai:{name}", 0, "Alibaba PAI mini-batch trace, replayed at its own pace", dur, ranks,
+    pace = "" if ms_per_unit == 1.0 else f"@{ms_per_unit:g}ms"
+    return ProgressCase(f"pai:{name}{pace}", 0, "Alibaba PAI mini-batch trace, replayed at its own pace", dur, ranks,
                         PAI_LABELS[name], frozenset())
