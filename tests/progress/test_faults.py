@@ -32,6 +32,7 @@ def _stored(url: str) -> tuple[int, int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the waits' bounds only catch a hang
 def test_collector_killed_while_progress_streams(database_url: str, tmp_path: Path) -> None:
     coll = CollectorProcess(database_url, tmp_path).start()
     node = NodeAgent(coll.url, tmp_path)
@@ -55,7 +56,7 @@ def test_collector_killed_while_progress_streams(database_url: str, tmp_path: Pa
         t = threading.Thread(target=train)
         t.start()
         for _ in range(2):
-            wait_until(lambda: _stored(database_url)[0] > 0, 60, "windows stored")
+            wait_until(lambda: _stored(database_url)[0] > 0, 300, "windows stored")
             time.sleep(1.0)
             coll.kill()
             time.sleep(1.5)
@@ -65,7 +66,7 @@ def test_collector_killed_while_progress_streams(database_url: str, tmp_path: Pa
         t.join()
         for r in reporters:
             r.shutdown()
-        wait_until(lambda: _stored(database_url)[0] >= 2 * total, 90, f"all {2 * total} steps stored")
+        wait_until(lambda: _stored(database_url)[0] >= 2 * total, 300, f"all {2 * total} steps stored")
         time.sleep(2.0)
         delivered = node.relay.events  # step events plus each reporter's exit
     finally:
