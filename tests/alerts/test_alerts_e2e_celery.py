@@ -17,7 +17,7 @@ import pytest
 from alert_rows import add_flag, add_job, add_report, close_flags
 from sqlalchemy import insert, select
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(1200)]  # waits catch hangs
 
 RULES = """
 lifecycle: {repeat_interval: 4h, send_resolved: true}
@@ -99,7 +99,7 @@ def test_end_to_end_with_redis_and_a_celery_worker(pg_url, fake_slack, worker) -
         assert "Idle GPUs" in str(msg.body["blocks"]) and "18.00 USD" in str(msg.body["blocks"])
         # the worker died right after recording the send; Celery redelivered the task to a new
         # process, which found the row sent and did nothing
-        wait_for(marker.exists, 30, "the injected worker crash")
+        wait_for(marker.exists, 120, "the injected worker crash")
         wait_for(lambda: "WorkerLostError" in logfile.read_text() or "exited with" in logfile.read_text(),
                  30, "the worker to report the lost process")
         time.sleep(3)

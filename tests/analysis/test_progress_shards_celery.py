@@ -29,7 +29,7 @@ from tests.collector.conftest import make_batch, store
 from .test_goodput_celery import _wait
 from .test_shards_celery import Worker, _env, broker, kill_mid_shard  # noqa: F401 - broker is a fixture
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(1200)]  # waits only catch hangs
 N_JOBS = 10
 HUNG_FOR_S = 400.0
 
@@ -115,7 +115,7 @@ def test_two_workers_share_the_progress_pass_each_job_synced_once(pg_url: str, b
     workers = [Worker(tmp_path, "p1", env, "progress:record", str(tmp_path / "p1.progress")),
                Worker(tmp_path, "p2", env, "progress:record", str(tmp_path / "p2.progress"))]
     try:
-        _wait(lambda: all(w.ready() for w in workers), 60, "both workers ready", workers[0].log)
+        _wait(lambda: all(w.ready() for w in workers), 180, "both workers ready", workers[0].log)
         _send_pass(broker, now)
 
         def finished() -> bool:
@@ -173,7 +173,7 @@ def test_a_worker_killed_mid_progress_shard_the_survivor_redoes_it(pg_url: str, 
                    if "analyze_progress_shard[" in ln and f"'shard': {shard}," in ln and "'skipped'" in ln]
         assert skipped, survivor.text()[-3000:]
         assert redone_at[0] - killed_at >= ttl - 1.0  # 1 s: the stall's last refresh
-        _wait(lambda: not _busy(survivor), 60, "the survivor's queue to drain", survivor.log)
+        _wait(lambda: not _busy(survivor), 180, "the survivor's queue to drain", survivor.log)
         _assert_as_one_fleet_wide_pass(pg_url, fleet, now)
     finally:
         victim.stop()

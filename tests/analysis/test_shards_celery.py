@@ -27,7 +27,7 @@ from .conftest import ingest
 from .test_goodput_celery import _wait
 
 CRASH_WORKER = Path(__file__).resolve().parent.parent / "support" / "crash_worker.py"
-pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(1200)]  # waits only catch hangs
 
 PROFILES = {"idle_gpu": {"idle_gpu"}, "vision_train": set()}
 N_JOBS = 10
@@ -115,9 +115,9 @@ def kill_mid_shard(victim: Worker, survivor: Worker, stalled: Path, fleet: Itera
     SIGKILLed: (the job it finished, its shard, the rest of that shard, when it was killed)."""
     from gpufleet.analysis.shards import shard_of
 
-    _wait(lambda: victim.ready() and survivor.ready(), 60, "both workers ready", victim.log)
+    _wait(lambda: victim.ready() and survivor.ready(), 180, "both workers ready", victim.log)
     send_pass()
-    _wait(stalled.exists, 60, "the victim to stop in the middle of a shard", victim.log)
+    _wait(stalled.exists, 180, "the victim to stop in the middle of a shard", victim.log)
     stalled_pk = int(stalled.read_text().split()[1])
     shard = shard_of(stalled_pk, n)
     rest_of_shard = {pk for pk in fleet if shard_of(pk, n) == shard} - {stalled_pk}
@@ -176,7 +176,7 @@ def test_two_workers_share_one_pass_each_job_once(pg_url: str, broker: str, tmp_
     env = _env(pg_url, broker, GPUFLEET_ANALYSIS_SHARDS=str(n))
     workers = [Worker(tmp_path, "w1", env), Worker(tmp_path, "w2", env)]
     try:
-        _wait(lambda: all(w.ready() for w in workers), 60, "both workers ready", workers[0].log)
+        _wait(lambda: all(w.ready() for w in workers), 180, "both workers ready", workers[0].log)
         _send_pass(broker)
 
         def finished() -> bool:

@@ -33,7 +33,7 @@ from tests.alerts.conftest import FakeSlack, fake_slack  # noqa: F401 - a fixtur
 from tests.analysis.conftest import ingest
 from tests.conftest import free_port
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(1200)]  # waits only catch hangs
 
 RULES = """
 rules:
@@ -200,11 +200,11 @@ def test_redis_killed_under_the_worker(database_url: str, own_redis: OwnRedis, f
 
     try:
         t0 = time.monotonic()
-        _wait(lambda: reports(ids("a")) == len(jobs["a"]), 60, "set A analyzed", log)
-        _wait(lambda: set(delivered_jobs()) >= flagged("a"), 30, "set A's alerts delivered", log)
+        _wait(lambda: reports(ids("a")) == len(jobs["a"]), 180, "set A analyzed", log)
+        _wait(lambda: set(delivered_jobs()) >= flagged("a"), 120, "set A's alerts delivered", log)
         # Set B arrives; kill Redis as soon as beat's pass has reported the first of them.
         _ingest(engine, jobs["b"], start, now)
-        _wait(lambda: reports(ids("b")) >= 1, 30, "the pass over set B to start", log)
+        _wait(lambda: reports(ids("b")) >= 1, 120, "the pass over set B to start", log)
         own_redis.kill()
         b_at_kill = reports(ids("b"))
         slack_at_kill = len(fake_slack.delivered())
@@ -216,8 +216,8 @@ def test_redis_killed_under_the_worker(database_url: str, own_redis: OwnRedis, f
         restarted_at = time.monotonic()
 
         everyone = ids(*SETS)
-        _wait(lambda: reports(everyone) == len(everyone), 60, "every job analyzed after the restart", log)
-        _wait(lambda: set(delivered_jobs()) >= flagged(*SETS), 40, "every alert delivered after the restart", log)
+        _wait(lambda: reports(everyone) == len(everyone), 180, "every job analyzed after the restart", log)
+        _wait(lambda: set(delivered_jobs()) >= flagged(*SETS), 120, "every alert delivered after the restart", log)
         recovered_s = time.monotonic() - restarted_at
         time.sleep(4)  # beat keeps ticking: nothing more may arrive
         assert proc.poll() is None, "the worker exited:\n" + log.read_text()[-4000:]
