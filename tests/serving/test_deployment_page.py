@@ -51,7 +51,7 @@ def test_deployment_page(sqlite_url: str, live_server: Callable[..., Any]) -> No
             page.on("pageerror", lambda e: errors.append(str(e)))
             # generous bounds: on a loaded machine the page's load and first draw have taken over 30 s
             page.goto(f"{srv.url}/deployments/llama-8b-chat?start={T0}&end={T0 + 900}", timeout=180_000)
-            page.wait_for_function("window.__gpufleet && window.__gpufleet.ready", timeout=180_000)
+            page.wait_for_function("() => window.__gpufleet && window.__gpufleet.ready === true", timeout=180_000)
             text = page.inner_text("#app")
             SHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOTS / "serving-deployment.png"), full_page=True)
