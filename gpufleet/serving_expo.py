@@ -209,7 +209,8 @@ def fold(deltas: Iterable[Mapping[str, Value]], registry: ServingRegistry | None
     for d in deltas:
         for name, value in d.items():
             if reg.measures[name].kind == "gauge":
-                gauges.setdefault(name, []).append(float(value))  # type: ignore[arg-type]
+                if not isinstance(value, Hist):  # a gauge is a number (a histogram here would be a bug upstream)
+                    gauges.setdefault(name, []).append(float(value))
                 continue
             have = out.get(name)
             if have is None:
