@@ -10,7 +10,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from urllib.parse import quote
 
-from gpufleet.alerts.config import AlertConfig
+from gpufleet.alerts.config import SEVERITY_RANK, AlertConfig
 from gpufleet.alerts.decide import KindSummary, Notification, max_severity, summarize
 from gpufleet.alerts.escape import (
     MAX_BLOCKS,
@@ -34,6 +34,7 @@ from gpufleet.flagkinds import flag_kinds
 SEVERITY_ICON = {"info": ":information_source:", "warning": ":warning:", "critical": ":rotating_light:"}
 EVENT_TITLE = {"firing": "GPU job needs attention", "reminder": "Still wasting GPUs", "resolved": "Resolved"}
 MAX_EVIDENCE_ITEMS = 8
+MAX_FLAG_SECTIONS = 10
 
 
 def fmt_duration(s: float) -> str:
@@ -124,7 +125,7 @@ def flag_section(config: AlertConfig, s: KindSummary, is_new: bool) -> dict[str,
     # Severity is not waste: a fault that claims no GPU-hours (a degraded NIC, an XID) says so
     # instead of "0.0 GPU-h wasted", which reads as "harmless"
     waste = (f"{s.wasted_gpu_hours:.1f} GPU-h wasted{cost(config, s.wasted_gpu_hours)}" if s.wasted_gpu_hours >= 0.05
-             else f"{s.severity}: no GPU time booked to it (what it costs shows in the job's other causes)")
+             else f"{s.severity}, no GPU time of its own")
     lines = [f"{SEVERITY_ICON.get(s.severity, '')} *{esc(title)}*{' (new)' if is_new else ''}{scopes} — {waste}"]
     for f in s.flags[:3]:
         if f.evidence:
@@ -193,8 +194,12 @@ def _buttons(config: AlertConfig, job: JobFacts, now: float) -> dict[str, Any] |
 
 def render_job(config: AlertConfig, job: JobFacts, n: Notification, now: float) -> dict[str, Any]:
     summaries = summarize(job.flags)
-    shown = [summaries[k] for k in n.firing if k in summaries]
-    sev = max_severity(s.severity for s in shown) if shown else "info"
+    # most severe first, then most wasteful (severity is not waste); the first MAX_FLAG_SECTIONS
+    # get a section, the rest are named in one line, so a job with many kinds stays readable
+    firing = sorted((summaries[k] for k in n.firing if k in summaries),
+                    key=lambda x: (-SEVERITY_RANK.get(x.severity, 0), -x.wasted_gpu_hours))
+    shown, rest = firing[:MAX_FLAG_SECTIONS], firing[MAX_FLAG_SECTIONS:]
+    sev = max_severity(s.severity for s in firing) if firing else "info"
     icon = ":white_check_mark:" if n.event == "resolved" else SEVERITY_ICON.get(sev, "")
     head = f"{EVENT_TITLE[n.event]}: job {job.job_id} ({job.user or 'unknown user'})"
     blocks: list[dict[str, Any]] = [
@@ -206,6 +211,9 @@ def render_job(config: AlertConfig, job: JobFacts, n: Notification, now: float) 
                                + ", ".join(esc(flag_kinds().title(k)) for k in n.resolved)))
     for s in shown:
         blocks.append(flag_section(config, s, s.kind in n.new))
+    if rest:
+        blocks.append(_context(f"Also flagged ({len(rest)} more, on the job page): "
+                               + ", ".join(f"{esc(flag_kinds().title(x.kind))} ({x.severity})" for x in rest)))
     if n.resolved and n.event != "resolved":
         gone = ", ".join(esc(flag_kinds().title(k)) for k in n.resolved)
         blocks.append(_context(f"Resolved since the last message: {gone}"))
@@ -215,7 +223,7 @@ def render_job(config: AlertConfig, job: JobFacts, n: Notification, now: float) 
     blocks.append(_context(f"Silence: `gpufleet alerts silence add --job {code(job.job_id, 64).strip('`')} "
                            f"--cluster {code(job.cluster, 60).strip('`')} --expires 24h --reason ...`",
                            f"id {esc(n.key)}"))
-    kinds = ", ".join(flag_kinds().title(k) for k in (n.firing or n.resolved))
+    kinds = ", ".join(flag_kinds().title(k) for k in ([x.kind for x in firing] or n.firing or n.resolved))
     text = (f"{EVENT_TITLE[n.event]}: job {esc(job.job_id)} of {esc(job.user or 'unknown user')} on "
             f"{esc(job.cluster)}: {esc(kinds)}; {job.wasted_gpu_hours_total:.1f} GPU-h wasted"
             f"{cost(config, job.wasted_gpu_hours_total)}")

@@ -111,7 +111,7 @@ def test_limits_hold_for_any_input(name: str, user: str, ev: dict[str, Any], sug
     p = render_job(CFG, job(name=name, user=user, flags=flags, nodes=tuple(f"n{i}" for i in range(n_scopes))),
                    note(FLAG_KINDS), NOW)
     assert_limits(p)
-    assert len(json.dumps(p)) < 60_000  # 10 flag kinds at most: well under the 50-block worst case
+    assert len(json.dumps(p)) < 60_000  # 10 flag sections at most (the rest named in one line)
     for t in all_mrkdwn(p):
         assert "<!" not in t
 
@@ -177,4 +177,17 @@ def test_a_flag_claiming_no_waste_reads_by_severity() -> None:
     j = job(flags=(FlagFact("network_degraded", "node-7", "critical", 0.0, {"nic": "mlx5_0/1"}, "drain the node"),))
     p = render_job(CFG, j, Notification("firing", 1, "k", "", ("network_degraded",), ("network_degraded",), ()), NOW)
     text = json.dumps(p)
-    assert "0.0 GPU-h wasted" not in text and "critical: no GPU time booked to it" in text
+    assert "0.0 GPU-h wasted" not in text and "critical, no GPU time of its own" in text
+
+
+def test_sections_most_severe_first_and_at_most_ten() -> None:
+    """Severity before waste in Slack too: a critical fault claiming nothing comes before a
+    warning claiming much; past ten kinds the rest are named in one line."""
+    flags = (FlagFact("idle_gpu", "", "warning", 9.0), FlagFact("hw_fault", "node-a", "critical", 0.0))
+    p = render_job(CFG, job(flags=flags), note(("idle_gpu", "hw_fault")), NOW)
+    text = json.dumps(p)
+    assert text.index("Hardware fault") < text.index("Idle GPUs")
+    many = tuple(FlagFact(k, "", "warning", 1.5) for k in FLAG_KINDS)
+    p = render_job(CFG, job(flags=many), note(FLAG_KINDS), NOW)
+    sections = [b for b in p["blocks"] if b["type"] == "section" and "fields" not in b]
+    assert len(sections) == 10 and f"{len(FLAG_KINDS) - 10} more" in json.dumps(p)
