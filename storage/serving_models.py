@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Double, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, Double, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpufleet.storage.models import Base
@@ -28,7 +28,8 @@ class ServingMinuteRow(Base):
     cluster: Mapped[str] = mapped_column(String(64), primary_key=True)
     deployment: Mapped[str] = mapped_column(String(253), primary_key=True)
     replica: Mapped[str] = mapped_column(String(253), primary_key=True)
-    minute: Mapped[int] = mapped_column(Integer, primary_key=True)  # epoch seconds of the minute's start
+    # epoch seconds of the minute's start (BigInteger: past 2038 an epoch second leaves a 32-bit integer)
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     engine: Mapped[str] = mapped_column(String(16))
     node: Mapped[str | None] = mapped_column(String(255))
     job_id: Mapped[str | None] = mapped_column(String(255))

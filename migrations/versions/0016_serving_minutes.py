@@ -23,7 +23,7 @@ def upgrade() -> None:
         sa.Column("cluster", sa.String(64), nullable=False),
         sa.Column("deployment", sa.String(253), nullable=False),
         sa.Column("replica", sa.String(253), nullable=False),
-        sa.Column("minute", sa.Integer, nullable=False),
+        sa.Column("minute", sa.BigInteger, nullable=False),  # epoch seconds: past 2038 a 32-bit integer is too small
         sa.Column("engine", sa.String(16), nullable=False),
         sa.Column("node", sa.String(255), nullable=True),
         sa.Column("job_id", sa.String(255), nullable=True),
