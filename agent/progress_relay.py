@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 MAX_DATAGRAM = 1 << 20
 MAX_READY = 20000  # finished windows held while the agent loop is not draining (then counted drops)
-MAX_READY_BYTES = 32 << 20  # the same, in bytes of their JSON
+MAX_READY_BYTES = 8 << 20  # the same, in bytes of their JSON (the agent drains every cycle: ~8,000 windows)
 MAX_EVENTS_PER_DATAGRAM = 4096  # the client sends at most 512
 MAX_FIELDS_BYTES = 4096  # one progress.event's fields (the client truncates at 2048)
 _INT4 = 2**31 - 1

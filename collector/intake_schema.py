@@ -145,9 +145,12 @@ def _num_problem(v: Any, b: Bound) -> str | None:
     elif not math.isfinite(v):
         return f"{v!r} is not a finite number"
     if v < b.lo or v > b.hi or (b.lo_open and v == b.lo):
-        lo = "(" if b.lo_open else "["
-        return f"{v!r} outside {lo}{b.lo:g}, {b.hi:g}]"
+        return f"{v!r} outside {'(' if b.lo_open else '['}{_fmt(b.lo)}, {_fmt(b.hi)}]"
     return None
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if math.isfinite(x) and float(x).is_integer() and abs(x) < 1e20 else f"{x:g}"
 
 
 def _json_problem(v: Any, depth: int = 0) -> str | None:

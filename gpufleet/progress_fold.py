@@ -30,7 +30,7 @@ MAX_TIMES_PER_WINDOW = 4096  # step times kept for a window's quantiles (the his
 # A stream's clock moving on this far in one go is no training loop between datagrams (a relay
 # started under a long-running process, a forged clock): the gap is unknown, not hours of empty
 # windows. A process silent past the expiry resumes in Folder.feed instead.
-MAX_ROLL_S = 6 * 3600.0
+MAX_ROLL_S = 600.0
 HIST_BASE = 1.1  # step-time histogram buckets: 10% wide, mergeable across windows and ranks
 _LOG_BASE = math.log(HIST_BASE)
 # The buckets a step time can land in (1 us .. 1e7 s): what the intake stores and readers trust.
