@@ -29,7 +29,7 @@ from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport
 from .collectives.load import load_fabric
 from .config import Thresholds, load_thresholds
 from .features import HIST_BINS, HIST_FIELDS, MinuteFeatures, from_states
-from .progress.flags import run_progress_pass
+from .progress.flags import run_progress_pass, store_progress_shares
 from .progress.load import load_windows
 from .report import JobAnalysis, JobMeta, analyze
 from .state import CACHE, JobState, StateCache
@@ -252,6 +252,8 @@ def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache:
         if changed and res.ledger is not None:  # the ledger per job-minute, beside its report
             write_job_ledger(conn, job_pk, res.ledger.grid.b0, res.ledger.per_minute())
         changed |= _sync_flags(conn, job_pk, res, now, s)
+        if changed:  # the progress flags' waste is their share of this ledger and these flags
+            changed |= 2 if store_progress_shares(conn, job_pk) else 0
         if changed:
             s.reports_written += 1 if changed & 1 else 0
             s.job_pks_changed.append(job_pk)
@@ -287,13 +289,16 @@ def _sync_flags(conn: Connection, job_pk: int, res: JobAnalysis, now: float, s: 
     existing = {(row["kind"], row["scope"]): row for row in rows}
     changed = 0
     seen: set[tuple[str, str]] = set()
+    waste: dict[tuple[str, str], float] = {}  # one row per (kind, scope): its findings' shares summed
+    for fd in res.findings:
+        waste[(fd.kind, fd.scope)] = round(waste.get((fd.kind, fd.scope), 0.0) + fd.wasted_gpu_hours, 4)
     for fd in res.findings:
         k = (fd.kind, fd.scope)
         if k in seen:
             continue
         seen.add(k)
         values = {"severity": fd.severity, "start_ts": fd.start_ts, "end_ts": fd.end_ts,
-                  "wasted_gpu_hours": fd.wasted_gpu_hours, "evidence": fd.evidence, "suggestion": fd.suggestion,
+                  "wasted_gpu_hours": waste[k], "evidence": fd.evidence, "suggestion": fd.suggestion,
                   "open": fd.ongoing}
         old = existing.get(k)
         if old is None:
@@ -317,10 +322,17 @@ def _sync_flags(conn: Connection, job_pk: int, res: JobAnalysis, now: float, s: 
         changed |= 2
     for k, old in existing.items():
         # Progress scopes are the progress pass's (analysis.progress.flags), judged from other data.
-        if k not in seen and old["open"] and not str(old["scope"]).startswith("progress"):
-            # No longer supported by the data (e.g. the job recovered): resolve, keep the row.
-            conn.execute(f.update().where(f.c.id == old["id"]).values(open=False, resolved_at=now))
+        if k in seen or str(old["scope"]).startswith("progress"):
+            continue
+        # No longer supported by the data: resolve, keep the row; no finding, no claim, so the
+        # ledger gives it no second and neither does the flag (an old resolved one included).
+        if old["open"]:
+            conn.execute(f.update().where(f.c.id == old["id"]).values(open=False, resolved_at=now,
+                                                                      wasted_gpu_hours=0.0))
             s.flags_resolved += 1
+            changed |= 2
+        elif old["wasted_gpu_hours"]:
+            conn.execute(f.update().where(f.c.id == old["id"]).values(wasted_gpu_hours=0.0))
             changed |= 2
     return changed
 

@@ -3,7 +3,10 @@ kind, scope) with scopes ``progress`` / ``progress:rank<N>``, opened, updated an
 the hardware flags, so the alert rules (Slack) and the web read them the same way: ``hung``
 and every kind whose registry entry (gpufleet/flagkinds.toml) says ``source = "progress"``.
 A finding of a kind the registry does not know (a newer detector against an older registry)
-stays in the job's ``goodput.findings``. The hardware runner leaves ``progress`` scopes alone."""
+stays in the job's ``goodput.findings``. The hardware runner leaves ``progress`` scopes alone,
+except their ``wasted_gpu_hours``: every flag's waste is its share of the job's stored ledger
+(``store_progress_shares``), never the detector's own estimate, so two flags never claim one
+second and the flags add up to no more than the ledger's waste (docs/goodput.md)."""
 
 from __future__ import annotations
 
@@ -11,16 +14,17 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
 from gpufleet.flagkinds import FLAG_KINDS, flag_kinds
+from gpufleet.storage.gpu_ledger import GpuLedgerMinute
 from gpufleet.storage.models import Flag
 from gpufleet.storage.progress_models import JobProgress
 
-from .detect import ProgressFinding, ProgressThresholds, detect_all
+from ..flag_shares import is_progress_scope, progress_flag_shares
+from .detect import ProgressThresholds, detect_all
 from .load import goodput_for_job, hardware_clock, hardware_now
-from .model import Goodput
 
 log = logging.getLogger(__name__)
 SCOPE = "progress"
@@ -36,12 +40,26 @@ class ProgressPass:
     errors: list[str] = field(default_factory=list)
 
 
-def _wasted_gpu_hours(f: ProgressFinding, g: Goodput | None) -> float:
-    """The finding's rank-seconds in GPU-hours (one GPU per rank, the progress view's unit),
-    capped by the job's allocation (its allocated time x its ranks: docs/goodput.md, "Waste
-    accounting"); each kind's model is its registry entry's ``waste``."""
-    cap = g.allocated_s * g.ranks if g is not None else 0.0
-    return round(min(max(0.0, f.wasted_rank_s), cap) / 3600.0, 4)
+def store_progress_shares(conn: Connection, job_pk: int) -> int:
+    """Set each progress flag's ``wasted_gpu_hours`` to its share of the job's stored ledger
+    (``analysis.flag_shares``: the job-wide kinds their categories, a rank's flag 0); 0 for a
+    job with no ledger yet (no telemetry analysed). Called by the progress pass and by the
+    runner after it rewrites a job's ledger or hardware flags, so the two never disagree.
+    Returns the flags changed."""
+    t, lt = Flag.__table__, GpuLedgerMinute.__table__
+    rows = list(conn.execute(select(t.c.id, t.c.kind, t.c.scope, t.c.wasted_gpu_hours).where(t.c.job_pk == job_pk)))
+    if not any(is_progress_scope(r.scope) for r in rows):
+        return 0
+    totals = {str(c): float(v or 0.0) for c, v in conn.execute(
+        select(lt.c.category, func.sum(lt.c.gpu_s)).where(lt.c.job_pk == job_pk).group_by(lt.c.category))}
+    shares = progress_flag_shares(totals, ((r.kind, r.scope, r.wasted_gpu_hours) for r in rows))
+    n = 0
+    for r in rows:
+        share = shares.get((r.kind, r.scope))
+        if share is not None and (r.wasted_gpu_hours is None or abs(float(r.wasted_gpu_hours) - share) > 1e-9):
+            conn.execute(t.update().where(t.c.id == r.id).values(wasted_gpu_hours=share))
+            n += 1
+    return n
 
 
 def sync_job(conn: Connection, job_pk: int, now: float, th: ProgressThresholds | None = None) -> tuple[int, int]:
@@ -61,12 +79,13 @@ def sync_job(conn: Connection, job_pk: int, now: float, th: ProgressThresholds |
         key = (f.kind, f.scope)
         seen.add(key)
         values = {"severity": f.severity, "start_ts": f.start_ts, "end_ts": f.end_ts,
-                  "wasted_gpu_hours": _wasted_gpu_hours(f, g), "evidence": f.evidence,
+                  "evidence": f.evidence,
                   "suggestion": reg.get(f.kind).suggestion_with(f.evidence), "open": f.ongoing}
         old = existing.get(key)
         if old is None:
             conn.execute(t.insert().values(job_pk=job_pk, kind=f.kind, scope=f.scope, opened_at=now,
-                                           resolved_at=None if f.ongoing else now, **values))
+                                           resolved_at=None if f.ongoing else now, wasted_gpu_hours=0.0,
+                                           **values))
             opened += 1
         else:
             upd = dict(values)
@@ -81,6 +100,7 @@ def sync_job(conn: Connection, job_pk: int, now: float, th: ProgressThresholds |
         if key not in seen and old["open"]:
             conn.execute(t.update().where(t.c.id == old["id"]).values(open=False, resolved_at=now))
             resolved += 1
+    store_progress_shares(conn, job_pk)  # the waste is the ledger's, not the detector's estimate
     return opened, resolved
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gpufleet.analysis.flag_shares import progress_flag_shares
 from gpufleet.analysis.ledger import PRODUCTIVE, UNOBSERVED, add_totals, categories, summary
 from gpufleet.settings import CostSettings
 from gpufleet.storage.gpu_ledger import GpuLedgerMinute
@@ -73,24 +74,13 @@ def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings, ste
         col[-1] = round(col[-1] + float(secs), 3)
     out = _summary({cluster: dict(totals)}, cost, failures=int(led.get("failures") or 0),
                    wall_s=float(led.get("wall_hours") or 0.0) * 3600)
-    flags = []
-    reg = categories().flag_categories
     rows_f = list(session.execute(select(Flag).where(Flag.job_pk == job.id).order_by(Flag.id)).scalars())
-    # What the hardware flags hold of a category both views share (hung): not the progress flag's too.
-    held: dict[str, float] = defaultdict(float)
-    for f in rows_f:
-        if not f.scope.startswith("progress"):
-            held[f.kind] += float(f.wasted_gpu_hours or 0.0)
-    for f in rows_f:
-        if f.scope.startswith("progress"):
-            # A progress kind's share: its categories of the ledger (ledger_categories.toml [flags]);
-            # a rank's flag shares nothing the job-wide one already has.
-            cats = reg.get(f.kind, ()) if f.scope == "progress" else ()
-            wasted = sum(max(0.0, totals.get(c, 0.0) / 3600 - held.get(c, 0.0)) for c in cats)
-        else:
-            wasted = float(f.wasted_gpu_hours or 0.0)  # the analysis wrote its ledger share
-        flags.append({"kind": f.kind, "scope": f.scope, "severity": f.severity, "open": bool(f.open),
-                      "wasted_gpu_hours": round(wasted, 4)})
+    # A progress flag's share (analysis/flag_shares.py): what the runner and the progress pass
+    # store in flags.wasted_gpu_hours, derived here from the same rows; a hardware flag's is the fold's.
+    shares = progress_flag_shares(totals, ((f.kind, f.scope, f.wasted_gpu_hours) for f in rows_f))
+    flags = [{"kind": f.kind, "scope": f.scope, "severity": f.severity, "open": bool(f.open),
+              "wasted_gpu_hours": round(shares.get((f.kind, f.scope), float(f.wasted_gpu_hours or 0.0)), 4)}
+             for f in rows_f]
     win = rep.get("window") or {}
     return {"job_id": job.job_id, "cluster": cluster, "analyzed": bool(rep),
             "window": {"start": win.get("start", job.start_ts), "end": win.get("end", job.end_ts)},
@@ -99,19 +89,16 @@ def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings, ste
             "minutes": {"t": [m * 60 for m in minutes], "step": step_s, "gpu_s": series}}
 
 
-def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, cluster: str | None,
-                 cost: CostSettings, limit: int | None = None) -> dict[str, Any]:
-    """``GET /api/v1/fleet/ledger``: the stored ledger rows of minutes in [start, end), by job,
-    then summed per group (the job itself, its user, account, label ``team``, cluster; or per
-    category). ``limit``: the most wasteful groups only, the rest summed in ``omitted``."""
-    if group_by not in GROUPS:
-        raise BadRequest(f"group_by={group_by!r}: one of {', '.join(GROUPS)}")
-    if not end > start or end - start > MAX_RANGE_S:
-        raise BadRequest(f"start..end: end must be after start, at most {MAX_RANGE_S // 86400} days")
+def _fleet_rows(session: Session, start: float, end: float, cluster: str | None) -> tuple[
+        dict[int, dict[str, float]], dict[int, tuple[str | None, str | None, str | None, str]], dict[int, str],
+        dict[str, dict[str, float]]]:
+    """The stored rows of minutes in [start, end) summed per job (in pk order), each job's
+    (user, account, team, cluster) and id, and the fleet's totals per cluster."""
     m0, m1 = math.floor(start / 60), math.ceil(end / 60)
     t = GpuLedgerMinute.__table__
     q = (select(t.c.job_pk, t.c.category, func.sum(t.c.gpu_s))
-         .where(t.c.minute >= m0, t.c.minute < m1).group_by(t.c.job_pk, t.c.category))
+         .where(t.c.minute >= m0, t.c.minute < m1).group_by(t.c.job_pk, t.c.category)
+         .order_by(t.c.job_pk, t.c.category))
     if cluster:
         q = q.join(Job, Job.id == t.c.job_pk).join(Cluster, Cluster.id == Job.cluster_id).where(
             Cluster.name == cluster)
@@ -129,11 +116,36 @@ def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, c
             info[int(pk)] = (user, account, str(team) if team is not None else None, str(cl))
             job_ids[int(pk)] = str(job_id)
     fleet: dict[str, dict[str, float]] = defaultdict(dict)  # cluster -> totals
+    for pk, tot in per_job.items():
+        _merge(fleet[info.get(pk, (None, None, None, "?"))[3]], tot)
+    return per_job, info, job_ids, dict(fleet)
+
+
+def fleet_waste(session: Session, *, start: float, end: float, cluster: str | None) -> tuple[dict[str, float], float]:
+    """Wasted GPU-hours over [start, end) by cause, and in total: the numbers of
+    ``GET /api/v1/fleet/ledger`` for the same range (its ``total.categories`` less productive and
+    unobserved, and ``total.wasted_gpu_hours``), for the fleet summary."""
+    fleet = _fleet_rows(session, start, end, cluster)[3]
+    out = summary(add_totals(fleet.values()))
+    by_cause = {k: v for k, v in out["categories"].items() if k not in (PRODUCTIVE, UNOBSERVED)}
+    return by_cause, float(out["wasted_gpu_hours"])
+
+
+def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, cluster: str | None,
+                 cost: CostSettings, limit: int | None = None) -> dict[str, Any]:
+    """``GET /api/v1/fleet/ledger``: the stored ledger rows of minutes in [start, end), by job,
+    then summed per group (the job itself, its user, account, label ``team``, cluster; or per
+    category). ``limit``: the most wasteful groups only, the rest summed in ``omitted``."""
+    if group_by not in GROUPS:
+        raise BadRequest(f"group_by={group_by!r}: one of {', '.join(GROUPS)}")
+    if not end > start or end - start > MAX_RANGE_S:
+        raise BadRequest(f"start..end: end must be after start, at most {MAX_RANGE_S // 86400} days")
+    m0, m1 = math.floor(start / 60), math.ceil(end / 60)
+    per_job, info, job_ids, fleet = _fleet_rows(session, start, end, cluster)
     groups: dict[Any, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     jobs_in: dict[Any, int] = defaultdict(int)
     for pk, tot in per_job.items():
         user, account, team, cl = info.get(pk, (None, None, None, "?"))
-        _merge(fleet[cl], tot)
         if group_by == "cause":
             continue
         key = pk if group_by == "job" else {"user": user, "account": account, "team": team, "cluster": cl}[group_by]

@@ -189,7 +189,9 @@ def test_progress_flags_open_through_the_pass_and_resolve(database_url: str, liv
         for kind, f in flags.items():
             assert f["open"] and f["severity"] == reg.get(kind).severity
             assert "{" not in f["suggestion"] and "n/a" not in f["suggestion"], f["suggestion"]
-            assert 0.0 < f["wasted_gpu_hours"] <= 4 * 3000 / 3600
+            # No telemetry was analysed, so the job has no ledger: no flag books a GPU-second
+            # (a flag's waste is its share of the ledger, tests/analysis/test_flag_waste_ledger.py).
+            assert f["wasted_gpu_hours"] == 0.0
         slow = flags["slow_rank"]
         assert slow["scope"] == "progress:rank2"
         ev = slow["evidence"]
