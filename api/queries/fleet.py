@@ -15,6 +15,7 @@ from gpufleet.storage.models import Allocation, Cluster, Flag, Gpu, Job, JobRepo
 
 from .common import BadRequest, clean, decode_cursor, encode_cursor, live_values, now
 from .jobs import flag_dict
+from .ledger import fleet_waste
 
 TOP_N = 10
 
@@ -79,21 +80,16 @@ def fleet_summary(session: Session, *, window_s: float, cluster: str | None = No
     key = ("window", cluster, round(window_s))
     w_sm, w_tensor, w_minutes = cache.get(key, window_activity) if cache else window_activity()
 
-    # Waste by cause: each flag's GPU-hours, pro-rated to the part of it inside the window.
-    fq = (select(Flag.kind, Flag.start_ts, Flag.end_ts, Flag.wasted_gpu_hours, Flag.open, Flag.severity,
-                 Job.user, Job.job_id, Cluster.name.label("cluster"))
-          .join(Job, Job.id == Flag.job_pk).join(Cluster, Cluster.id == Job.cluster_id)
-          .where(or_(Flag.open.is_(True), Flag.end_ts >= since)))
+    # Waste by cause: the stored ledger's minutes inside the window, the numbers of
+    # GET /api/v1/fleet/ledger for the same range (a flag's span says nothing of its minutes).
+    by_cause, wasted_total = fleet_waste(session, start=since, end=t_end, cluster=cluster)
+    fq = (select(Flag.severity).join(Job, Job.id == Flag.job_pk).join(Cluster, Cluster.id == Job.cluster_id)
+          .where(Flag.open.is_(True)))
     if cluster:
         fq = fq.where(Cluster.name == cluster)
-    by_cause: dict[str, float] = defaultdict(float)
     open_by_sev: dict[str, int] = defaultdict(int)
-    for f in session.execute(fq):
-        span = f.end_ts - f.start_ts
-        part = 1.0 if span <= 0 else _overlap(f.start_ts, f.end_ts, since, t_end) / span
-        by_cause[f.kind] += (f.wasted_gpu_hours or 0.0) * part
-        if f.open:
-            open_by_sev[f.severity] += 1
+    for sev in session.execute(fq).scalars():
+        open_by_sev[sev] += 1
 
     jq = (select(Job.job_id, Job.user, Job.name, Job.state, Cluster.name.label("cluster"), JobReport.wasted_gpu_hours,
                  JobReport.allocated_gpu_hours, JobReport.goodput_score)
@@ -131,7 +127,7 @@ def fleet_summary(session: Session, *, window_s: float, cluster: str | None = No
         "window": {"sm_active": clean(w_sm), "tensor_active": clean(w_tensor),
                    "gpu_hours": clean((w_minutes or 0) / 60)},
         "wasted_gpu_hours": {k: clean(v) for k, v in sorted(by_cause.items(), key=lambda kv: -kv[1])},
-        "wasted_gpu_hours_total": clean(sum(by_cause.values())),
+        "wasted_gpu_hours_total": clean(wasted_total),
         "open_flags": dict(open_by_sev),
         "top_jobs": top_jobs,
         "top_users": top_users,

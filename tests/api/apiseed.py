@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 
 from gpufleet.catalog import CATALOG
+from gpufleet.storage.gpu_ledger import GpuLedgerMinute
 from gpufleet.storage.models import (
     Allocation,
     Cluster,
@@ -148,6 +149,15 @@ def seed(engine: Engine, *, minutes: int = 120, now: float | None = None) -> See
             job_pk=xss, kind="throttled", scope="GPU-0103aaaa", severity="warning", start_ts=start + 600, end_ts=now,
             wasted_gpu_hours=0.2, evidence={"note": XSS_NAME, "throttled_fraction": 0.33},
             suggestion=f"Check cooling {XSS_USER}", open=True, opened_at=start + 900))
+        # Their ledgers (what the fleet summary's waste sums), as the analysis would store them:
+        # the reports' and flags' waste spread over the jobs' minutes, the rest productive.
+        for jpk, n, t0, waste in ((good, 4, start, {"straggler": 0.1}), (idle, 2, start, {"idle_gpu": 1.9 * hours}),
+                                  (xss, 1, start + 600, {"throttled": 0.2})):
+            mins = [int((start + m * 60) // 60) for m in range(minutes) if start + m * 60 >= t0]
+            per = {k: v * 3600 / len(mins) for k, v in waste.items()}
+            c.execute(insert(GpuLedgerMinute), [
+                {"job_pk": jpk, "minute": m, "category": k, "gpu_s": v}
+                for m in mins for k, v in {**per, "productive": n * 60.0 - sum(per.values())}.items()])
     return s
 
 
