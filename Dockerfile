@@ -16,16 +16,15 @@ RUN pip install --no-cache-dir --upgrade pip \
  && pip wheel --no-cache-dir --wheel-dir /wheels ".[server,agent]"
 
 FROM python:3.11-slim
+# The wheel carries everything the roles read: the dashboard's static files, the TOML contracts,
+# the migrations and the Grafana dashboards (`grafana push`); scripts/smoke_wheel.sh checks it.
 ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    GPUFLEET_DASHBOARDS_DIR=/opt/gpufleet/dashboards/json
+    PYTHONUNBUFFERED=1
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels "gpufleet[server,agent]" \
  && python -c "from gpufleet.collector.remote_write import _decode_c; from gpufleet.collector.export import _encode_c" \
  && rm -rf /wheels \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin gpufleet
-# Dashboards for `gpufleet grafana push` (they are data, not part of the Python package).
-COPY dashboards/json /opt/gpufleet/dashboards/json
 USER 10001:10001
 EXPOSE 8000 9401
 ENTRYPOINT ["gpufleet"]

@@ -19,7 +19,8 @@ ROOTS = {
 # Folders of data only (no __init__.py): listed as packages of their own, with every subfolder,
 # so the package-data patterns in pyproject.toml apply inside them. Without this the wheel held
 # no JS, CSS or SVG and `serve` answered 500 on /static/app.css (scripts/smoke_wheel.sh checks).
-DATA_ROOTS = {"gpufleet.api.static": "api/static"}
+DATA_ROOTS = {"gpufleet.api.static": "api/static",
+              "gpufleet.dashboards": "dashboards/json"}  # what `gpufleet grafana push` uploads
 
 
 def _packages() -> tuple[list[str], dict[str, str]]:

@@ -5,7 +5,8 @@
 1. Copies the working tree (git's tracked and untracked-not-ignored files) to a scratch folder,
    builds the wheel there with the README's own command, and the sdist (PEP 517, setuptools).
 2. Checks both against the tree: every file under the package folders (Python, static JS/CSS/SVG,
-   Alembic template and migrations, TOML, YAML, C sources) is in the wheel at its import path and
+   Alembic template and migrations, TOML, YAML, C sources, the Grafana dashboards) is in the wheel at
+   its import path and
    in the sdist; a wheel built from the sdist holds the same files.
 3. Runs the README's production block line by line, as written, in fresh virtualenvs (the server
    lines in one, the GPU-node lines in another), changing only what names the reader's site: the
@@ -372,6 +373,14 @@ def check_server_install(site: Site) -> None:
     r = site.http("GET", "/static/app.css")
     if r.status_code != 200 or "--bg" not in r.text:
         fail(f"/static/app.css from the installed wheel: HTTP {r.status_code}")
+    # `gpufleet grafana push` uploads the dashboards the wheel carries (no checkout beside it)
+    env = dict(site.env, PATH=f"{site.venvs['server'] / 'bin'}:{site.env.get('PATH', '')}")
+    r2 = subprocess.run(["bash", "-c", "gpufleet grafana push --dry-run --no-datasource"], cwd=site.tmp, env=env,
+                        capture_output=True, text=True, timeout=300)
+    shipped = sorted(p.stem for p in (site.src / "dashboards" / "json").glob("*.json"))
+    if r2.returncode != 0 or json.loads(r2.stdout)["dashboards"] != shipped:
+        fail(f"grafana push --dry-run from the wheel: {r2.returncode}\n{r2.stdout[-2000:]}\n{r2.stderr[-2000:]}")
+    log(f"server install: /static/app.css served; grafana push has the {len(shipped)} dashboards")
 
 
 def check_data_arrives(site: Site) -> str:

@@ -67,7 +67,7 @@ def test_wheel_holds_every_file_of_the_package_folders(built: tuple[Path, Path])
     assert _smoke().check_wheel(names, src) == []
     for asset in ("gpufleet/api/static/app.css", "gpufleet/api/static/app.js", "gpufleet/api/static/favicon.svg",
                   "gpufleet/api/static/auth/signin.js", "gpufleet/catalog.toml", "gpufleet/migrations/script.py.mako",
-                  "gpufleet/migrations/versions/0001_initial.py"):
+                  "gpufleet/migrations/versions/0001_initial.py", "gpufleet/dashboards/gpufleet-fleet.json"):
         assert asset in names, asset
 
 

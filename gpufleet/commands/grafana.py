@@ -23,8 +23,10 @@ DATASOURCE_UID = "gpufleet-pg"
 DATASOURCE_TYPE = "grafana-postgresql-datasource"
 GRAFANA_ROLE = "gpufleet_grafana"
 FOLDER_UID = "gpufleet"
-# A source checkout keeps them next to the package; the container image sets GPUFLEET_DASHBOARDS_DIR.
-DEFAULT_DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards" / "json"
+# An installed wheel ships them as package data (gpufleet/dashboards: setup.py DATA_ROOTS); a
+# source checkout keeps them in dashboards/json; GPUFLEET_DASHBOARDS_DIR overrides either.
+_PACKAGED = Path(__file__).resolve().parents[1] / "dashboards"
+DEFAULT_DASHBOARDS = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "dashboards" / "json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
