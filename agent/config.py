@@ -72,6 +72,9 @@ class AgentConfig:
     # or flood the relay); this group may write to it too, e.g. the training users' group.
     # None = the agent's own group only (GPUFLEET_PROGRESS_SOCKET_GROUP)
     progress_socket_group: str | None = None
+    # serving engines' own metrics (docs/serving.md): rules as JSON, [{"job", "engine", "port", ...}]
+    serving_rules: str | None = None
+    serving_discover: bool = False  # probe the listening ports of the jobs' processes (Slurm, bare)
     # delivery
     timeout_s: float = 10.0
     backoff_base_s: float = 1.0
@@ -152,6 +155,12 @@ FIELD_DOCS: dict[str, str] = {
     "kubernetes_job_patterns": "comma list of pod-name regexes whose `(?P<job>...)` group names the job a pod "
                                "belongs to (default: Kubeflow training operator and JobSet names; `none`: "
                                "one job per pod; docs/agent.md)",
+    "progress_socket_group": "group that may also write to the progress relay's socket (0660; unset = the "
+                             "agent's own group)",
+    "serving_rules": "JSON list of `{\"job\": glob, \"engine\", \"port\", \"path\"?, \"deployment\"?}`: scrape "
+                     "that port of the jobs on this node as a serving replica (docs/serving.md)",
+    "serving_discover": "scrape the listening TCP ports of the jobs' GPU processes that answer as a serving "
+                        "engine's `/metrics` (Slurm, bare processes; docs/serving.md)",
     "timeout_s": "HTTP timeout per push",
     "backoff_base_s": "first retry delay after a failed push (doubles up to backoff_max_s)",
     "backoff_max_s": "longest retry delay",
