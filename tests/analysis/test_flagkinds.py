@@ -32,7 +32,8 @@ SOURCE_SUFFIXES = {".py", ".js", ".toml", ".yaml", ".yml", ".json", ".html", ".c
 CROSS_REFERENCES = {
     "hw_fault": {"alerts/config.py": "the hardware rule alerts at once, whatever it wasted",
                  "alerts/decide.py": "a node's fault inhibits the job alerts on that node",
-                 "alerts/store.py": "reads the open faults for that inhibition"},
+                 "alerts/store.py": "reads the open faults for that inhibition",
+                 "analysis/ledger_categories.toml": "a fault that stops work claims the stopped time (ledger)"},
     "straggler": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
     "comm_bound": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
     "oversized_allocation": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for"},
@@ -46,7 +47,9 @@ CROSS_REFERENCES = {
              "analysis/progress/detect.py": "the job's own progress gives a hang its second kind of evidence",
              "analysis/progress/goodput.py": "time lost to a hang is one cause of the progress goodput",
              "analysis/progress/model.py": "the progress goodput's causes include hangs",
-             "alerts/config.py": "a critical hang pages at once, whatever it wasted (docs/progress.md)"},
+             "alerts/config.py": "a critical hang pages at once, whatever it wasted (docs/progress.md)",
+             "analysis/ledger_categories.toml": "a hang seen by progress or hardware lands in one ledger category",
+             "analysis/ledger.py": "progress stall time folds into that one hung category"},
     "pipeline_imbalance": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
                            "analysis/detectors/straggler.py": "a deviant without a hardware signature is one"},
 }
