@@ -276,13 +276,16 @@ class Receiver:
                 # check_gpus / check_jobs depend on the lists alone, and a node's lists repeat
                 # from body to body: each distinct pair is checked once (their msgpack bytes
                 # are the key: ~2 us a batch, where the checks of 8 GPUs' strings cost ~30)
-                dims = _pack((b.gpus, b.jobs))
-                seen = dims in dims_ok
+                try:
+                    dims: bytes | None = _pack((b.gpus, b.jobs))
+                except OverflowError:  # a label's number past 64 bits (gpu="1000...0"): check_gpus names it
+                    dims = None
+                seen = dims is not None and dims in dims_ok
                 refused = check_batch(b, prep, now, max_rows=max_rows, max_age_s=cfg.max_age_s,
                                       max_future_s=cfg.max_future_s, dims_checked=seen)
                 for r in refused:  # an NCCL record the database cannot hold: dropped and counted, never a 5xx
                     conv.dropped[f"unstorable_{r.part}"] += 1
-                if not seen:
+                if not seen and dims is not None:
                     if len(dims_ok) >= SERIES_CACHE_MAX or self.dims_budget.charge(budget.entry_bytes(dims)):
                         dims_ok.clear()
                     dims_ok.add(dims)

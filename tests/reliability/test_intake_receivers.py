@@ -34,10 +34,11 @@ GOOD = {"__name__": "DCGM_FI_DEV_GPU_UTIL", "UUID": "GPU-rw-0", "gpu": "0", "Hos
     [({**GOOD, "UUID": "GPU-rw-9", "gpu": "1e30", "Hostname": "rw-bad"}, "v")],
     [({**GOOD, "UUID": "GPU-rw-9", "gpu": str(2**40), "Hostname": "rw-bad"}, "v")],
     [({**GOOD, "UUID": "GPU-rw-9", "gpu": "-3", "Hostname": "rw-bad"}, "v")],
+    [({**GOOD, "UUID": "GPU-rw-9", "gpu": "1" + "0" * 30, "Hostname": "rw-bad"}, "v")],  # 1e30 as digits
     [({**GOOD, "UUID": "GPU-\x00rw", "Hostname": "rw-bad"}, "v")],
     [({**GOOD, "Hostname": "rw\x00node"}, "v")],
     "rank", "comm", "nranks",
-], ids=["gpu-1e30", "gpu-2^40", "gpu-neg", "uuid-nul", "host-nul", "nccl-rank-2^40", "nccl-comm-nul",
+], ids=["gpu-1e30", "gpu-2^40", "gpu-neg", "gpu-10^30", "uuid-nul", "host-nul", "nccl-rank-2^40", "nccl-comm-nul",
         "nccl-nranks-2^40"])
 def test_a_malformed_series_is_never_a_5xx(database_url: str, live_server: Any, bad: Any) -> None:
     srv = live_server(database_url)
