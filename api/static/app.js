@@ -166,9 +166,14 @@
         : Object.entries(s.wasted_gpu_hours).filter(([, v]) => v > 0);
       const title = (k) => (L ? ((byCause.categories || []).find((c) => c.name === k) || {}).title || kindTitle(k) : kindTitle(k));
       const max = Math.max(1e-9, ...causes.map(([, v]) => v || 0));
-      fill(waste, causes.length ? causes.map(([k, v]) => h("div", { class: "bar", "data-kind": k }, h("span", { title: k }, title(k)),
+      // causes that round to 0.0 GPU-h are summed in one line rather than drawn as empty bars
+      const big = causes.filter(([, v]) => gh(v) !== "0.0"), small = causes.filter(([, v]) => gh(v) === "0.0");
+      fill(waste, causes.length ? [big.map(([k, v]) => h("div", { class: "bar", "data-kind": k }, h("span", { title: k }, title(k)),
         h("div", { class: "track" }, h("div", { class: "fill", style: { width: `${((v || 0) / max) * 100}%` } })),
-        h("span", { class: "n" }, gh(v)))) : h("p", { class: "muted" }, `No waste in the last ${W.label}.`));
+        h("span", { class: "n" }, gh(v)))),
+      small.length ? h("p", { class: "muted", id: "small-causes", title: small.map(([k, v]) => `${title(k)} ${F.num(v, 3)}`).join(", ") },
+        `+ ${F.plural(small.length, "cause", "causes")} under 0.05 GPU-h each`) : null]
+        : h("p", { class: "muted" }, `No waste in the last ${W.label}.`));
       const wasters = s.top_jobs.filter((j) => j.wasted_gpu_hours > 0);
       const users = L && byUser ? byUser.groups.map((g) => ({ user: g.key, jobs: g.jobs, allocated_gpu_hours: g.allocated_gpu_hours,
         wasted_gpu_hours: g.wasted_gpu_hours, goodput: g.goodput })) : s.top_users;

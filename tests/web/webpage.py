@@ -55,3 +55,15 @@ def pct(v: float | None, d: int = 0) -> str:
 
 def gh(v: float | None) -> str:
     return "–" if v is None else rounded(v, 0 if abs(v) >= 100 else 1)
+
+
+def fleet_waste(page: Any, base: str, window: str = "24h") -> tuple[float, float, dict[str, float]]:
+    """(wasted, allocated GPU-h, waste by cause) as the fleet page shows them: the GPU-time
+    ledger's over the window once it holds time (GET /api/v1/fleet/ledger), else the summary's."""
+    led = page.context.request.get(f"{base}/api/v1/fleet/ledger?group_by=cause&start=-{window}")
+    if led.ok and led.json()["total"]["allocated_gpu_hours"] > 0:
+        t = led.json()
+        return (t["total"]["wasted_gpu_hours"], t["total"]["allocated_gpu_hours"],
+                {g["key"]: g["gpu_hours"] for g in t["groups"] if g["kind"] == "badput" and g["gpu_hours"]})
+    s = page.context.request.get(f"{base}/api/v1/fleet/summary?window={window}").json()
+    return s["wasted_gpu_hours_total"], s["allocated_gpu_hours"], {k: v for k, v in s["wasted_gpu_hours"].items() if v}
