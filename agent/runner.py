@@ -23,6 +23,7 @@ from .batching import Journal, OpenBatch, Row
 from .config import AgentConfig
 from .metrics import AgentMetrics
 from .sender import Sender
+from .serving_section import ServingSection
 from .sources.base import GpuReading, Source, SourceAttribution
 from .sources.fabric_sections import build_fabric
 from .spool import Spool
@@ -89,6 +90,10 @@ class Agent:
         self.fabric: Any = build_fabric(config, source)
         if self.fabric is not None and self.fabric.inspector is not None:
             self.metrics.watch_inspector(self.fabric.inspector)
+        # inference engines' own metrics -> /api/v1/serving/minutes, in a spool of its own (docs/serving.md)
+        self.serving: ServingSection | None = None
+        if config.serving_rules or config.serving_discover:
+            self.serving = ServingSection(config, metrics=self.metrics)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -115,6 +120,11 @@ class Agent:
         sender = threading.Thread(target=self.sender.run, args=(sender_stop,),
                                   name=f"gpufleet-sender-{self.config.node}", daemon=True)
         sender.start()
+        serving_thread = None
+        if self.serving is not None:
+            serving_thread = threading.Thread(target=self.serving.sender.run, args=(sender_stop,),
+                                              name=f"gpufleet-serving-sender-{self.config.node}", daemon=True)
+            serving_thread.start()
         if self.config.metrics_port is not None:
             port = self.metrics.serve(self.config.metrics_port, self.config.metrics_addr)
             log.info("agent metrics on http://%s:%d/metrics", self.config.metrics_addr, port)
@@ -146,6 +156,9 @@ class Agent:
             sender_stop.set()
             self.sender.wake.set()
             sender.join(self.config.timeout_s + 1)
+            if self.serving is not None and serving_thread is not None:
+                self.serving.sender.wake.set()
+                serving_thread.join(self.config.timeout_s + 1)
             if self.progress is not None:  # its open windows go with the last batch
                 self.progress.flush_into(self)
             self.flush()
@@ -155,6 +168,10 @@ class Agent:
                 log.info("agent %s stopped: %d batches (%d rows) stay in %s for the next start", self.config.node,
                          len(self.spool), self.spool.pending_rows, self.spool.dir)
             self._update_spool_gauges()
+            if self.serving is not None:  # whole minutes only: an open minute is lost, as a restart loses it
+                self.serving.sender.stopping = True
+                self.serving.sender.drain(SHUTDOWN_DRAIN_S)
+                self.serving.close()
             self.journal.close()
             self.sender.close()
             self.metrics.stop()
@@ -239,6 +256,11 @@ class Agent:
             log.warning("sample cycle on %s took %.1f s (interval %.3g s): a source call is slow or hung",
                         self.config.node, took, self.config.interval_s)
         self.last = s
+        if self.serving is not None:
+            try:
+                self.serving.cycle(now, gpu_job, s.readings)
+            except Exception:  # serving is a side section: it must never cost a GPU row
+                log.warning("serving scrape on %s failed", self.config.node, exc_info=True)
         return s
 
     # --- batches -------------------------------------------------------------------------
