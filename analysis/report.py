@@ -96,7 +96,7 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     if feats.n.size and feats.n.sum() > 0:
         w = build_windows(feats, th.general.window_s, th.general.min_window_coverage)
         if ctx.workload_class is None:
-            inferred = from_pattern(w.f.busy_frac, w.valid)
+            inferred = from_pattern(w.f.busy_frac, w.valid, feats.f["fb_used_max"])  # a crash loop is never serving
             if inferred is not None:
                 meta = replace(meta, workload=inferred)
                 ctx = replace(ctx, workload_class=inferred.name)

@@ -93,8 +93,6 @@ def test_one_restart_is_not_a_loop() -> None:
     assert "crash_loop" not in kinds(run(2, 180, 10.0, once))
 
 
-@pytest.mark.xfail(reason="analysis/report.py must pass the minute features' fb_used_max to from_pattern "
-                   "(issue 36; report.py is not this change's file)", strict=False)
 def test_the_report_does_not_call_a_crash_loop_serving() -> None:
     res = run(2, 240, 10.0, _crash_loop)
     assert (res.report["workload"] or {}).get("class") != "serving", res.report["workload"]
