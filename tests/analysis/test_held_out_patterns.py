@@ -6,7 +6,6 @@ zero and is never taken for a serving replica."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from gpufleet.analysis.restarts import restarts
 from gpufleet.analysis.workload import from_pattern
