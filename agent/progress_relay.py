@@ -44,6 +44,7 @@ MAX_EVENTS_PER_DATAGRAM = 4096  # the client sends at most 512
 MAX_FIELDS_BYTES = 4096  # one progress.event's fields (the client truncates at 2048)
 _INT4 = 2**31 - 1
 _INT8 = 2**63 - 1
+MAX_WALL_SKEW_S = 366 * 86400.0
 _CLOCK = 1e9  # a monotonic clock in seconds stays far below this (31 years of uptime)
 
 
@@ -251,6 +252,8 @@ class ProgressRelay:
             msg = sane(json.loads(data))
         except (ValueError, RecursionError):
             msg = None
+        if msg is not None and abs(msg["wall0"] - self.wall()) > MAX_WALL_SKEW_S:
+            msg = None  # a process's start is no year away from this node's clock
         with self._lock:
             self.received += 1
             if msg is None:

@@ -119,3 +119,20 @@ def test_finished_windows_are_bounded_in_bytes(tmp_path: Path) -> None:
         assert relay._thread.is_alive()
     finally:
         relay.close()
+
+
+def test_a_stream_from_long_ago_does_not_stall_the_agent_loop(tmp_path: Path) -> None:
+    """Found by the fuzz suite: a datagram whose wall0 read 2000-01-01 made the next drain()
+    close every 10 s window since, one by one (82 M iterations: the agent's loop hung)."""
+    path = sock_path(tmp_path)
+    relay = ProgressRelay(path, expire_s=3600, wall=lambda: 946684900.0 + 3600)  # the relay's clock: 2000
+    try:
+        relay._receive(json.dumps(header(wall0=946684801.0)).encode())
+        relay.wall = time.time  # the node's clock is right again: 26 years later
+        t0 = time.monotonic()
+        relay.drain()
+        assert time.monotonic() - t0 < 30
+        relay._receive(json.dumps(header(pid=4, wall0=946684801.0)).encode())  # now a year off: refused
+        assert relay.folder.bad == 1
+    finally:
+        relay.close()
