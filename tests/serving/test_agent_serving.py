@@ -6,7 +6,10 @@ and the GPU rows still arrive."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 
 from gpufleet.agent.config import AgentConfig
 from gpufleet.agent.runner import Agent
-from gpufleet.agent.serving_section import engine_of_page, parse_rules
+from gpufleet.agent.serving_section import ServingSection, engine_of_page, parse_rules
 from gpufleet.agent.sources.base import GpuReading, SourceAttribution
 from gpufleet.analysis.serving.measures import ServingMinute, summarize
 from gpufleet.analysis.serving.slo import PRESETS
@@ -140,3 +143,45 @@ def test_rules_and_engine_detection(engine: tuple[int, list[str]]) -> None:
     for bad in ("{nope", '{"job": "*"}', '[{"job": "*", "engine": "ollama", "port": 1}]', '[{"engine": "vllm"}]'):
         with pytest.raises(ValueError, match="serving_rules"):
             parse_rules(bad)
+
+
+def test_discovers_the_jobs_listening_port(tmp_path: Path, engine: tuple[int, list[str]]) -> None:
+    """serving_discover on the real /proc: this process listens on the engine's port (and on others
+    that are no engine's); the job's GPU processes are this process."""
+    port, _ = engine
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        cfg = AgentConfig(collector_url="http://127.0.0.1:9", node="n1", spool_dir=tmp_path / "spool", fsync=False,
+                          serving_discover=True, proc_root=Path("/proc"))
+        section = ServingSection(cfg)
+        readings = [GpuReading(u, {}, pids=(os.getpid(),)) for u in GPUS]
+        (t,) = section.targets(dict.fromkeys(GPUS, JOB), readings)
+        assert (t.replica, t.engine, t.url) == (JOB, "vllm", f"http://127.0.0.1:{port}/metrics")
+        assert section.targets(dict.fromkeys(GPUS, JOB), [GpuReading(u, {}) for u in GPUS]) == []  # no pids
+        section.close()
+    finally:
+        other.shutdown()
+
+
+def test_run_loop_scrapes_and_stops(tmp_path: Path, engine: tuple[int, list[str]]) -> None:
+    """Agent.run starts the serving sender beside the GPU sender, scrapes each cycle, and stops both."""
+    port, _ = engine
+    cfg = AgentConfig(collector_url="http://127.0.0.1:9", node="n1", spool_dir=tmp_path / "spool", fsync=False,
+                      interval_s=0.1, flush_s=0.5, timeout_s=2, infiniband=False, nic_health=False,
+                      serving_rules=json.dumps([{"job": "*", "engine": "vllm", "port": port}]))
+    agent = Agent(cfg, TwoGpuSource(), attributors=[], enrichers=[])  # type: ignore[arg-type]
+    assert agent.serving is not None
+    stop = threading.Event()
+    th = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    th.start()
+    deadline = time.monotonic() + 120
+    while agent.serving.scraper.folder.last_time((JOB, JOB)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert agent.serving.scraper.folder.last_time((JOB, JOB)) is not None, agent.serving.scraper.errors
+    names = {t.name for t in threading.enumerate()}
+    assert "gpufleet-serving-sender-n1" in names
+    stop.set()
+    th.join(120)
+    assert not th.is_alive()
+    assert "gpufleet-serving-sender-n1" not in {t.name for t in threading.enumerate()}
