@@ -56,7 +56,10 @@ def test_engine_scores_render_as_percent_everywhere(browser: Any, sqlite_url: st
     with httpx.Client(base_url=srv.url, timeout=30) as c:
         api = {j.job_id: c.get(f"/api/v1/jobs/{j.job_id}").json()["summary"]["goodput_score"] for j in jobs}
     assert all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in api.values()), api
-    assert api["s-idle"] < api["s-low"] < 0.7 < api["s-good"], api  # the engine judged them apart
+    # The engine judged them apart. Relabelled after the ledger (issue 35): goodput is productive
+    # time, and the idle job's seed works its first ~15 of 45 minutes (~0.33), level with the
+    # low-activity job's share, so the two are no longer ordered against each other.
+    assert max(api["s-idle"], api["s-low"]) < 0.7 < api["s-good"], api
     # the pages' one rounding rule (api/static/fmt.js; Python's round() would round half to even)
     want = {k: int(rounded(v, 0, 2)) for k, v in api.items()}
 
