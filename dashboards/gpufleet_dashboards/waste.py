@@ -35,6 +35,9 @@ SELECTED_FLAGS = f"cluster IN ($cluster) AND team IN ($team) AND {OVERLAPS_RANGE
 WASTED = f"sum(wasted_gpu_hours * {RANGE_FRACTION})"
 JOB_RANGE_FRACTION = "grafana_overlap(start_ts, coalesce(end_ts, last_sample_ts, $__unixEpochTo()), " \
                      "$__unixEpochFrom(), $__unixEpochTo())"
+# Ledger minutes of the range (minute = floor(ts / 60)) of the selected jobs.
+LEDGER_SELECTED = "j.cluster IN ($cluster) AND j.team IN ($team) " \
+                  "AND l.minute >= floor($__unixEpochFrom() / 60) AND l.minute < ceil($__unixEpochTo() / 60)"
 SELECTED_JOBS = "cluster IN ($cluster) AND team IN ($team) AND start_ts <= $__unixEpochTo() " \
                 "AND coalesce(end_ts, 'infinity') >= $__unixEpochFrom()"
 
@@ -61,6 +64,31 @@ def build() -> Dashboard:
         stat("Jobs with findings", Query(
             f"SELECT count(DISTINCT job_pk) AS jobs FROM grafana_flags WHERE {SELECTED_FLAGS}",
             ("jobs",), "table"), w=6),
+        Row("GPU-time ledger"),
+        # The stored per-minute ledger (docs/goodput.md): every allocated GPU-second once, so the
+        # categories add up to the allocation and coverage is observed over allocated.
+        stat("Ledger goodput (productive / observed)", Query(
+            f"""
+            SELECT sum(l.gpu_s) FILTER (WHERE l.category = 'productive')
+                 / nullif(sum(l.gpu_s) FILTER (WHERE l.category <> 'unobserved'), 0) AS goodput
+            FROM gpu_ledger l JOIN grafana_jobs j ON j.job_pk = l.job_pk
+            WHERE {LEDGER_SELECTED}
+            """, ("goodput",), "table"), unit="percentunit", decimals=1, w=6,
+            description="Productive over observed GPU time, from the stored ledger."),
+        stat("Ledger coverage (observed / allocated)", Query(
+            f"""
+            SELECT sum(l.gpu_s) FILTER (WHERE l.category <> 'unobserved') / nullif(sum(l.gpu_s), 0) AS coverage
+            FROM gpu_ledger l JOIN grafana_jobs j ON j.job_pk = l.job_pk
+            WHERE {LEDGER_SELECTED}
+            """, ("coverage",), "table"), unit="percentunit", decimals=1, w=6,
+            description="Allocated time with telemetry or progress; the rest is unknown, not waste."),
+        piechart("Allocated GPU-hours by ledger category", Query(
+            f"""
+            SELECT l.category, sum(l.gpu_s) / 3600.0 AS gpu_hours
+            FROM gpu_ledger l JOIN grafana_jobs j ON j.job_pk = l.job_pk
+            WHERE {LEDGER_SELECTED}
+            GROUP BY l.category ORDER BY 2 DESC
+            """, ("category", "gpu_hours"), "table"), w=12),
         Row("Who and why"),
         barchart("Wasted GPU-hours by team", Query(
             f"""

@@ -182,6 +182,16 @@ def load(conn, now: int) -> SimFleet:  # type: ignore[no-untyped-def]
             "INSERT INTO job_reports (job_pk, computed_at, analyzed_until, goodput_score, allocated_gpu_hours, "
             "wasted_gpu_hours, report) VALUES (%s, %s, %s, %s, %s, %s, '{}')",
             (job_pk, now, t1, max(0.0, 1 - wasted / hours), hours, wasted))
+        # The job's stored ledger (migration 0015): 8 GPUs x 60 s a minute, split once between
+        # productive, its flags' kinds and a tenth unobserved, adding up to the allocation.
+        share_w = min(wasted / hours, 0.9) if hours > 0 else 0.0
+        cur.execute(
+            "INSERT INTO gpu_ledger (job_pk, minute, category, gpu_s) "
+            "SELECT %s, m, c.cat, 480.0 * c.share "
+            "FROM generate_series(floor(%s / 60.0)::int, ceil(%s / 60.0)::int - 1) AS m, "
+            "(VALUES ('productive', %s::float8), ('unobserved', %s::float8), (%s, %s::float8)) AS c(cat, share) "
+            "WHERE c.share > 0",
+            (job_pk, t0, t1, 0.9 * (1 - share_w), 0.1 * (1 - share_w), kind or "idle", share_w))
         if job_pk % 3 == 0:
             gpu, node = cur.execute(
                 "SELECT a.gpu_pk, g.node_id FROM allocations a JOIN gpus g ON g.id = a.gpu_pk "

@@ -36,7 +36,8 @@ def test_role_reads_telemetry_and_views_only(pg_url: str) -> None:
                                     "WHERE rolname = :r", r=ROLE)
     assert login
     assert "default_transaction_read_only=on" in settings
-    for obj in ("jobs", "gpu_samples_1m", "job_samples_1m", "flags", "events", *VIEWS):
+    for obj in ("jobs", "gpu_samples_1m", "job_samples_1m", "flags", "events", "gpu_ledger", "serving_minutes",
+                "serving_deployments", *VIEWS):  # the ledger and serving tables: migration 0017
         assert _can(pg_url, obj), obj
     for secret in ("api_tokens", "ingest_batches"):
         assert not _can(pg_url, secret), f"Grafana must not read {secret}"
