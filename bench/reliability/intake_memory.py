@@ -55,7 +55,7 @@ def receiver(bodies: int, names: int) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "serve", "--database-url", f"sqlite:///{d}/m.db",
-                             "--host", "127.0.0.1", "--port", str(port), "--allow-anonymous"],
+                             "--host", "127.0.0.1", "--port", str(port), "--allow-anonymous", "--migrate"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
