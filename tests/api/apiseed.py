@@ -129,9 +129,9 @@ def seed(engine: Engine, *, minutes: int = 120, now: float | None = None) -> See
 
         hours = minutes / 60
         c.execute(insert(JobReport).values(
-            job_pk=good, computed_at=now, analyzed_until=now, goodput_score=0.9, allocated_gpu_hours=4 * hours,
-            wasted_gpu_hours=0.1,
-            report=_report(4, hours, 0.92, 0.55, {"straggler": 0.1}, s.gpu_uuids["node-a"], "node-a")))
+            job_pk=good, computed_at=now, analyzed_until=now, goodput_score=0.95, allocated_gpu_hours=4 * hours,
+            wasted_gpu_hours=0.4,  # (its ledger below: 0.4 of 8 GPU-h, so the score is 0.95)
+            report=_report(4, hours, 0.92, 0.55, {"straggler": 0.4}, s.gpu_uuids["node-a"], "node-a")))
         c.execute(insert(JobReport).values(
             job_pk=idle, computed_at=now, analyzed_until=now, goodput_score=0.05, allocated_gpu_hours=2 * hours,
             wasted_gpu_hours=1.9 * hours, report=_report(2, hours, 0.01, 0.0, {"idle_gpu": 1.9 * hours},
@@ -151,9 +151,12 @@ def seed(engine: Engine, *, minutes: int = 120, now: float | None = None) -> See
             suggestion=f"Check cooling {XSS_USER}", open=True, opened_at=start + 900))
         # Their ledgers (what the fleet summary's waste sums), as the analysis would store them:
         # the reports' and flags' waste spread over the jobs' minutes, the rest productive.
-        for jpk, n, t0, waste in ((good, 4, start, {"straggler": 0.1}), (idle, 2, start, {"idle_gpu": 1.9 * hours}),
-                                  (xss, 1, start + 600, {"throttled": 0.2})):
-            mins = [int((start + m * 60) // 60) for m in range(minutes) if start + m * 60 >= t0]
+        for jpk, n, t0, t1, waste in ((good, 4, start, None, {"straggler": 0.4}),
+                                      (idle, 2, start, None, {"idle_gpu": 1.9 * hours}),
+                                      (ended, 1, start, start + 1800, {}),
+                                      (xss, 1, start + 600, None, {"throttled": 0.2})):
+            mins = [int((start + m * 60) // 60) for m in range(minutes)
+                    if t0 <= start + m * 60 and (t1 is None or start + m * 60 < t1)]
             per = {k: v * 3600 / len(mins) for k, v in waste.items()}
             c.execute(insert(GpuLedgerMinute), [
                 {"job_pk": jpk, "minute": m, "category": k, "gpu_s": v}
