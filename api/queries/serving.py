@@ -8,26 +8,11 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from gpufleet.analysis.serving.detectors import DeploymentView, detect_serving
-from gpufleet.analysis.serving.measures import ServingMinute, per_minute_attainment, summarize
-from gpufleet.analysis.serving.slo import DEFAULT, Slo, SloError, slo_from_labels
-from gpufleet.serving_expo import measures_from_json
+from gpufleet.analysis.serving.flags import serving_minutes as _minutes
+from gpufleet.analysis.serving.flags import slo_of as _slo
+from gpufleet.analysis.serving.measures import per_minute_attainment, summarize
 from gpufleet.settings import CostSettings
-from gpufleet.storage.serving import StoredMinute, deployment_labels, deployment_names, read_minutes
-
-
-def _minutes(rows: list[StoredMinute]) -> list[ServingMinute]:
-    out = []
-    for r in rows:
-        measures, _ = measures_from_json(r.measures)  # stored rows were checked on intake
-        out.append(ServingMinute(r.deployment, r.replica, r.minute, r.gpus, r.engine, measures))
-    return out
-
-
-def _slo(labels: dict[str, Any] | None) -> tuple[Slo, str | None]:
-    try:
-        return slo_from_labels({str(k): str(v) for k, v in (labels or {}).items()}), None
-    except SloError as e:
-        return DEFAULT, f"SLO labels ignored ({e}); the default {DEFAULT.source} applies"
+from gpufleet.storage.serving import deployment_labels, deployment_names, read_minutes
 
 
 def list_deployments(session: Session, start: int, end: int, cluster: str | None,

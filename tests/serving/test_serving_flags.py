@@ -1,0 +1,66 @@
+"""Serving findings stored as flags by the periodic analysis pass (SQLite and PostgreSQL): a replica
+idle for 20 minutes gets an open idle_replica flag on its job, shown by GET /api/v1/flags; when the
+minutes no longer show it, the flag resolves and the hardware runner leaves the row alone."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.agent.config import AgentConfig
+from gpufleet.agent.runner import Agent
+from gpufleet.analysis.runner import run_analysis
+from gpufleet.storage.db import make_engine
+
+from .test_agent_serving import JOB, TwoGpuSource
+
+NOW = time.time()
+END = int(NOW // 60 * 60)
+
+
+def _idle_minutes(n: int) -> list[dict[str, Any]]:
+    return [{"deployment": "chat", "replica": JOB, "minute": END - 60 * (n - i), "engine": "vllm", "gpus": 2,
+             "gpu_uuids": ["GPU-aaaa-0", "GPU-aaaa-1"], "job_id": JOB,
+             "measures": {"requests": 0.0, "running": 0.0, "waiting": 0.0}} for i in range(n)]
+
+
+def test_idle_replica_becomes_a_flag_and_resolves(database_url: str, live_server: Callable[..., Any],
+                                                  tmp_path: Path) -> None:
+    server = str(live_server(database_url).url)
+    # the replica's job exists because its GPUs reported (the agent's GPU rows)
+    agent = Agent(AgentConfig(collector_url=server, node="n1", spool_dir=tmp_path / "spool", fsync=False,
+                              infiniband=False, nic_health=False), TwoGpuSource(), attributors=[], enrichers=[])  # type: ignore[arg-type]
+    agent.start()
+    for i in range(3):
+        agent.cycle(NOW - 30 + 10 * i)
+    agent.flush()
+    deadline = time.monotonic() + 180
+    while len(agent.spool) and time.monotonic() < deadline:
+        agent.sender.send_one()
+    assert len(agent.spool) == 0 and agent.sender.dead_lettered == 0
+    engine = make_engine(database_url)
+    try:
+        with httpx.Client(base_url=server, timeout=60) as c:
+            r = c.post("/api/v1/serving/minutes", json={"cluster": "default", "node": "n1",
+                                                          "minutes": _idle_minutes(20)})
+            assert r.status_code == 200 and r.json()["stored"] == 20, r.text
+            s = run_analysis(engine, now=NOW)
+            assert not s.errors, s.errors
+            flags = c.get("/api/v1/flags", params={"kind": "idle_replica"}).json()["data"]
+            (f,) = flags
+            assert f["open"] and f["scope"] == f"serving:chat:{JOB}" and f["job_id"] == JOB
+            assert f["suggestion"] and f["evidence"]
+            # the hardware runner re-analyses the job and leaves the serving flag as it is
+            run_analysis(engine, now=NOW + 1)
+            (again,) = c.get("/api/v1/flags", params={"kind": "idle_replica"}).json()["data"]
+            assert again["open"] and again["opened_at"] == f["opened_at"]
+            # an hour later no minute shows an idle stretch: resolved, the row kept
+            run_analysis(engine, now=NOW + 3 * 3600)
+            (done,) = c.get("/api/v1/flags", params={"kind": "idle_replica"}).json()["data"]
+            assert not done["open"] and done["resolved_at"] is not None
+    finally:
+        engine.dispose()
