@@ -32,6 +32,7 @@ from .features import HIST_BINS, HIST_FIELDS, MinuteFeatures, from_states
 from .progress.flags import run_progress_pass, store_progress_shares
 from .progress.load import load_windows
 from .report import JobAnalysis, JobMeta, analyze
+from .serving.flags import is_serving_scope, run_serving_pass
 from .state import CACHE, JobState, StateCache
 from .workload import classify
 
@@ -124,6 +125,8 @@ def run_analysis(engine: Engine, *, now: float | None = None, job_pks: list[int]
             s.errors.extend(pp.errors)
             s.flags_opened, s.flags_resolved = s.flags_opened + pp.opened, s.flags_resolved + pp.resolved
             s.job_pks_changed.extend(pk for pk in pp.changed if pk not in s.job_pks_changed)
+            sp = run_serving_pass(engine, now)  # serving deployments' findings (docs/serving.md)
+            s.flags_opened, s.flags_resolved = s.flags_opened + sp.opened, s.flags_resolved + sp.resolved
     s.duration_s = round(time.perf_counter() - t0, 4)
     return s
 
@@ -322,7 +325,7 @@ def _sync_flags(conn: Connection, job_pk: int, res: JobAnalysis, now: float, s: 
         changed |= 2
     for k, old in existing.items():
         # Progress scopes are the progress pass's (analysis.progress.flags), judged from other data.
-        if k in seen or str(old["scope"]).startswith("progress"):
+        if k in seen or str(old["scope"]).startswith("progress") or is_serving_scope(str(old["scope"])):
             continue
         # No longer supported by the data: resolve, keep the row; no finding, no claim, so the
         # ledger gives it no second and neither does the flag (an old resolved one included).
