@@ -71,6 +71,10 @@ DEFAULT_RULES = (
     # moment it starts: page within minutes, whatever it wasted so far, CPU-only jobs included.
     Rule(name="hang", flags=("hung",), min_severity="critical", min_gpus=0, min_duration_s=0.0,
          min_wasted_gpu_hours=0.0),
+    # A serving deployment missing its SLO over the judged hour (docs/serving.md) is burning its
+    # error budget: page whatever GPU-hours it claims (serving flags claim none yet).
+    Rule(name="slo_burn", flags=tuple(k for k in ("slo_missed",) if k in FLAG_KINDS), min_severity="warning",
+         min_duration_s=0.0, min_wasted_gpu_hours=0.0),
 )
 
 

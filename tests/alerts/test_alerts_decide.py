@@ -120,7 +120,7 @@ def test_env_only_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not load_config().enabled
     monkeypatch.setenv("GPUFLEET_SLACK_WEBHOOK_URL", "http://h")
     c = load_config()
-    assert c.enabled and {r.name for r in c.rules} == {"waste", "hardware", "fabric", "critical", "hang"}
+    assert c.enabled and {r.name for r in c.rules} == {"waste", "hardware", "fabric", "critical", "hang", "slo_burn"}
 
 
 @pytest.mark.parametrize("kind", ["collective_slow", "network_degraded", "link_errors", "straggler", "throttled",

@@ -13,6 +13,9 @@ import httpx
 
 from gpufleet.agent.config import AgentConfig
 from gpufleet.agent.runner import Agent
+from gpufleet.alerts.config import AlertConfig
+from gpufleet.alerts.decide import alerting_kinds
+from gpufleet.alerts.facts import FlagFact, JobFacts
 from gpufleet.analysis.runner import run_analysis
 from gpufleet.storage.db import make_engine
 
@@ -64,3 +67,16 @@ def test_idle_replica_becomes_a_flag_and_resolves(database_url: str, live_server
             assert not done["open"] and done["resolved_at"] is not None
     finally:
         engine.dispose()
+
+
+def test_slo_missed_pages_under_the_slo_burn_rule() -> None:
+    """A stored slo_missed flag claims no GPU-hours, so the waste rule would never page it; slo_burn does."""
+    now = time.time()
+    flag = FlagFact(kind="slo_missed", scope=f"serving:chat:{JOB}", severity="warning", wasted_gpu_hours=0.0,
+                    evidence={"cause": "queueing"}, start_ts=now - 3600, end_ts=now)
+    job = JobFacts(job_pk=1, cluster="default", job_id=JOB, start_ts=now - 600, n_gpus=2, flags=(flag,))
+    assert "slo_missed" in alerting_kinds(job, AlertConfig(), now)
+    idle = FlagFact(kind="idle_replica", scope=f"serving:chat:{JOB}", severity="warning", wasted_gpu_hours=0.0,
+                    evidence={}, start_ts=now - 3600, end_ts=now)
+    assert alerting_kinds(JobFacts(job_pk=1, cluster="default", job_id=JOB, start_ts=now - 600, n_gpus=2,
+                                   flags=(idle,)), AlertConfig(), now) == {}
