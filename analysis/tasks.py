@@ -192,6 +192,19 @@ def analyze_due_jobs(now: float | None = None) -> dict[str, Any]:
     return {"shards": n}
 
 
+@shared_task(name="gpufleet.analysis.analyze_progress_due", ignore_result=True)
+def analyze_progress_due(now: float | None = None) -> dict[str, Any]:
+    """The progress pass alone, one message per shard, at its own cadence
+    (``analysis.progress_interval_s``): the short-latency kinds (hung, slow_rank) are judged
+    from the windows the collector already stored, without waiting for the hardware pass."""
+    settings = _settings()
+    n = settings.analysis.shards
+    expires = max(1.0, settings.analysis.progress_interval_s * 0.9)
+    for shard in range(n):
+        analyze_progress_shard.apply_async((shard, n, now), expires=expires)
+    return {"shards": n}
+
+
 def _check_shard(shard: int, n_shards: int) -> tuple[int, int]:
     shard, n_shards = int(shard), int(n_shards)
     if not 0 <= shard < n_shards:

@@ -62,6 +62,14 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
             "schedule": every,
             "options": {"expires": max(1.0, every * 0.9)},
         },
+        # The progress pass alone, more often (docs/progress.md, "Time to detect"): a hang is
+        # judged from the last step, so the pass cadence adds to the 60 s rule; the hardware
+        # analysis stays at its own period. Two passes never overlap (per-shard progress lock).
+        "analyze-progress": {
+            "task": "gpufleet.analysis.analyze_progress_due",
+            "schedule": settings.analysis.progress_interval_s,
+            "options": {"expires": max(1.0, settings.analysis.progress_interval_s * 0.9)},
+        },
         # Analysis triggers alert evaluation when flags change; this tick also covers what
         # changes with time alone: reminders (repeat interval), silence expiry, the digest.
         "evaluate-alerts": {

@@ -179,6 +179,8 @@ class ExportSettings(Section):
 class AnalysisSettings(Section):
     interval_s: float = env("ANALYSIS_INTERVAL_S", 60.0, "seconds between analysis passes (beat and `gpufleet up`)",
                             gt=0)
+    progress_interval_s: float = env("ANALYSIS_PROGRESS_INTERVAL_S", 10.0, "seconds between progress passes (beat): "
+                                     "a hang is flagged about 60 s after the last step plus this", gt=0)
     thresholds: Path | None = env("THRESHOLDS", None, "goodput thresholds override, key by key (docs/goodput.md)")
     cache_mb: float = env("ANALYSIS_CACHE_MB", 512.0, "per-process cache of job features", ge=0)
     lock_ttl_s: float = env("ANALYSIS_LOCK_TTL_S", 30.0, "Redis lock that keeps two analysis runs apart; refreshed "
