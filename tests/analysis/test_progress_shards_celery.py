@@ -144,7 +144,7 @@ def test_a_worker_killed_mid_progress_shard_the_survivor_redoes_it(pg_url: str, 
     now = time.time()
     fleet = _fleet(pg_url, now)
     n = 2
-    ttl = 6.0
+    ttl = 20.0  # long enough that a loaded box still delivers a tick while the dead lock lives
     env = _env(pg_url, broker, GPUFLEET_ANALYSIS_SHARDS=str(n), GPUFLEET_ANALYSIS_LOCK_TTL_S=str(ttl))
     stalled = tmp_path / "stalled"
     record = tmp_path / "survivor.progress"

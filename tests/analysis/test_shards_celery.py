@@ -202,7 +202,7 @@ def test_a_worker_killed_mid_shard_the_survivor_redoes_it_once(pg_url: str, brok
 
     fleet = _fleet(pg_url)
     n = 2
-    ttl = 6.0
+    ttl = 20.0  # long enough that a loaded box still delivers a tick while the dead lock lives
     env = _env(pg_url, broker, GPUFLEET_ANALYSIS_SHARDS=str(n), GPUFLEET_ANALYSIS_LOCK_TTL_S=str(ttl))
     stalled = tmp_path / "stalled"
     victim = Worker(tmp_path, "victim", env, "analysis:stall", str(stalled))
