@@ -229,15 +229,29 @@ def analyze_shard(self: Any, shard: int, n_shards: int, now: float | None = None
             mine = [pk for pk in due_jobs(conn) if shard_of(pk, n_shards) == shard]
         summary = run_analysis(engine, now=now, job_pks=mine, thresholds=_thresholds(settings),
                                cache=_cache(settings), on_job_done=_progress(held)) if mine else None
+        serving = _serving_pass(engine, now) if shard == 0 else None
     finally:
         held.release()
     out: dict[str, Any] = {"shard": shard, "n_shards": n_shards, "taken_over": held.taken_over}
     if summary is not None:
         out |= _result(summary)
-    out["alerts_nudged"] = _nudge_alerts(summary is not None and _changed(summary))
+    if serving is not None:
+        out["serving_flags_opened"], out["serving_flags_resolved"] = serving
+    out["alerts_nudged"] = _nudge_alerts((summary is not None and _changed(summary)) or bool(serving and any(serving)))
     log.info("analysis shard %d/%d: %s", shard, n_shards,
              {k: v for k, v in out.items() if k not in ("job_pks_changed", "shard", "n_shards")})
     return out
+
+
+def _serving_pass(engine: Engine, now: float | None) -> tuple[int, int]:
+    """The serving flags (docs/serving.md) judge every deployment at once, so shard 0 runs them,
+    under its lock; (opened, resolved)."""
+    import time
+
+    from gpufleet.analysis.serving.flags import run_serving_pass
+
+    sp = run_serving_pass(engine, time.time() if now is None else now)
+    return sp.opened, sp.resolved
 
 
 @shared_task(name="gpufleet.analysis.analyze_progress_shard", bind=True, ignore_result=True)

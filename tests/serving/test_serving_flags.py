@@ -31,10 +31,8 @@ def _idle_minutes(n: int) -> list[dict[str, Any]]:
              "measures": {"requests": 0.0, "running": 0.0, "waiting": 0.0}} for i in range(n)]
 
 
-def test_idle_replica_becomes_a_flag_and_resolves(database_url: str, live_server: Callable[..., Any],
-                                                  tmp_path: Path) -> None:
-    server = str(live_server(database_url).url)
-    # the replica's job exists because its GPUs reported (the agent's GPU rows)
+def _idle_replica(server: str, tmp_path: Path) -> None:
+    """The replica's job exists because its GPUs reported (the agent's GPU rows); 20 idle minutes."""
     agent = Agent(AgentConfig(collector_url=server, node="n1", spool_dir=tmp_path / "spool", fsync=False,
                               infiniband=False, nic_health=False), TwoGpuSource(), attributors=[], enrichers=[])  # type: ignore[arg-type]
     agent.start()
@@ -45,12 +43,18 @@ def test_idle_replica_becomes_a_flag_and_resolves(database_url: str, live_server
     while len(agent.spool) and time.monotonic() < deadline:
         agent.sender.send_one()
     assert len(agent.spool) == 0 and agent.sender.dead_lettered == 0
+    r = httpx.post(f"{server}/api/v1/serving/minutes", timeout=60,
+                   json={"cluster": "default", "node": "n1", "minutes": _idle_minutes(20)})
+    assert r.status_code == 200 and r.json()["stored"] == 20, r.text
+
+
+def test_idle_replica_becomes_a_flag_and_resolves(database_url: str, live_server: Callable[..., Any],
+                                                  tmp_path: Path) -> None:
+    server = str(live_server(database_url).url)
+    _idle_replica(server, tmp_path)
     engine = make_engine(database_url)
     try:
         with httpx.Client(base_url=server, timeout=60) as c:
-            r = c.post("/api/v1/serving/minutes", json={"cluster": "default", "node": "n1",
-                                                          "minutes": _idle_minutes(20)})
-            assert r.status_code == 200 and r.json()["stored"] == 20, r.text
             s = run_analysis(engine, now=NOW)
             assert not s.errors, s.errors
             flags = c.get("/api/v1/flags", params={"kind": "idle_replica"}).json()["data"]
@@ -80,3 +84,26 @@ def test_slo_missed_pages_under_the_slo_burn_rule() -> None:
                     evidence={}, start_ts=now - 3600, end_ts=now)
     assert alerting_kinds(JobFacts(job_pk=1, cluster="default", job_id=JOB, start_ts=now - 600, n_gpus=2,
                                    flags=(idle,)), AlertConfig(), now) == {}
+
+
+def test_the_celery_shard_zero_runs_the_serving_pass(database_url: str, live_server: Callable[..., Any],
+                                                     redis_url: str, tmp_path: Path) -> None:
+    """Production analysis runs as shards with their job lists: shard 0 also runs the serving pass."""
+    from gpufleet.analysis import tasks
+    from gpufleet.celery_app import make_celery
+    from gpufleet.settings import Settings
+
+    server = str(live_server(database_url).url)
+    _idle_replica(server, tmp_path)
+    app = make_celery(Settings.from_env({"GPUFLEET_DATABASE_URL": database_url, "GPUFLEET_REDIS_URL": redis_url,
+                                         "GPUFLEET_ANALYSIS_SHARDS": "2"}))
+    app.conf.task_always_eager = True
+    try:
+        one = tasks.analyze_shard.apply((1, 2, NOW)).get()
+        assert "serving_flags_opened" not in one
+        zero = tasks.analyze_shard.apply((0, 2, NOW)).get()
+    finally:
+        app.close()
+    assert zero["serving_flags_opened"] == 1, zero
+    (f,) = httpx.get(f"{server}/api/v1/flags", params={"kind": "idle_replica"}, timeout=60).json()["data"]
+    assert f["open"] and f["job_id"] == JOB
