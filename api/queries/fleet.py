@@ -82,7 +82,7 @@ def fleet_summary(session: Session, *, window_s: float, cluster: str | None = No
 
     # Waste by cause: the stored ledger's minutes inside the window, the numbers of
     # GET /api/v1/fleet/ledger for the same range (a flag's span says nothing of its minutes).
-    by_cause, wasted_total = fleet_waste(session, start=since, end=t_end, cluster=cluster)
+    by_cause, wasted_total, ledger_users = fleet_waste(session, start=since, end=t_end, cluster=cluster)
     fq = (select(Flag.severity).join(Job, Job.id == Flag.job_pk).join(Cluster, Cluster.id == Job.cluster_id)
           .where(Flag.open.is_(True)))
     if cluster:
@@ -107,9 +107,12 @@ def fleet_summary(session: Session, *, window_s: float, cluster: str | None = No
           .where(or_(Job.end_ts.is_(None), Job.end_ts >= since)).group_by(Job.user))
     if cluster:
         uq = uq.where(Cluster.name == cluster)
-    top_users = [{"user": r.user, "wasted_gpu_hours": clean(r.wasted), "allocated_gpu_hours": clean(r.allocated),
-                  "jobs": int(r.jobs)}
-                 for r in session.execute(uq.order_by(func.sum(JobReport.wasted_gpu_hours).desc()).limit(TOP_N))]
+    # Users from the ledger's minutes in the window, so they add up to wasted_gpu_hours_total;
+    # the reports' lifetime totals only where no ledger holds time yet (jobs analysed before 0015).
+    top_users = ledger_users[:TOP_N] if ledger_users else [
+        {"user": r.user, "wasted_gpu_hours": clean(r.wasted), "allocated_gpu_hours": clean(r.allocated),
+         "jobs": int(r.jobs)}
+        for r in session.execute(uq.order_by(func.sum(JobReport.wasted_gpu_hours).desc()).limit(TOP_N))]
     # The denominator of the waste: GPU-hours allocated to jobs inside the window (an open
     # allocation runs to now), so "7.0 wasted" reads "7.0 of 102.4 allocated GPU-h".
     aq = (select(Allocation.start_ts, Allocation.end_ts)

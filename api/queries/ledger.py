@@ -121,14 +121,25 @@ def _fleet_rows(session: Session, start: float, end: float, cluster: str | None)
     return per_job, info, job_ids, dict(fleet)
 
 
-def fleet_waste(session: Session, *, start: float, end: float, cluster: str | None) -> tuple[dict[str, float], float]:
-    """Wasted GPU-hours over [start, end) by cause, and in total: the numbers of
-    ``GET /api/v1/fleet/ledger`` for the same range (its ``total.categories`` less productive and
-    unobserved, and ``total.wasted_gpu_hours``), for the fleet summary."""
-    fleet = _fleet_rows(session, start, end, cluster)[3]
+def fleet_waste(session: Session, *, start: float, end: float, cluster: str | None
+                ) -> tuple[dict[str, float], float, list[dict[str, Any]]]:
+    """Wasted GPU-hours over [start, end) by cause, in total, and per user (most wasted first):
+    the numbers of ``GET /api/v1/fleet/ledger`` for the same range (its ``total.categories`` less
+    productive and unobserved, ``total.wasted_gpu_hours``, and ``group_by=user``'s groups), for
+    the fleet summary, so its users add up to its total."""
+    per_job, info, _, fleet = _fleet_rows(session, start, end, cluster)
     out = summary(add_totals(fleet.values()))
     by_cause = {k: v for k, v in out["categories"].items() if k not in (PRODUCTIVE, UNOBSERVED)}
-    return by_cause, float(out["wasted_gpu_hours"])
+    per_user: dict[str | None, list[dict[str, float]]] = defaultdict(list)
+    for pk, tot in per_job.items():
+        per_user[info.get(pk, (None, None, None, "?"))[0]].append(tot)
+    users = []
+    for user, tots in per_user.items():
+        u = summary(add_totals(tots))
+        users.append({"user": user, "wasted_gpu_hours": u["wasted_gpu_hours"],
+                      "allocated_gpu_hours": u["allocated_gpu_hours"], "jobs": len(tots)})
+    users.sort(key=lambda u: (-float(u["wasted_gpu_hours"] or 0.0), str(u["user"])))
+    return by_cause, float(out["wasted_gpu_hours"]), users
 
 
 def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, cluster: str | None,

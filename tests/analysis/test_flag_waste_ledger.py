@@ -92,6 +92,8 @@ def test_flags_are_their_ledger_share(engine: Any) -> None:
     assert abs(led["total"]["wasted_gpu_hours"] - non_productive) < 1e-2
     by_cause = {g["key"]: g["gpu_hours"] for g in led["groups"] if g["kind"] == "badput"}
     assert summ["wasted_gpu_hours"] == by_cause
+    # ... and its users add up to it (the window's ledger minutes, not the reports' lifetimes).
+    assert abs(sum(u["wasted_gpu_hours"] for u in summ["top_users"]) - summ["wasted_gpu_hours_total"]) < 1e-3
     # A second pass changes no flag's waste.
     run_analysis(engine, now=end)
     with engine.connect() as c:
