@@ -182,6 +182,8 @@ class AnalysisSettings(Section):
     progress_interval_s: float = env("ANALYSIS_PROGRESS_INTERVAL_S", 10.0, "seconds between progress passes (beat): "
                                      "a hang is flagged about 60 s after the last step plus this", gt=0)
     thresholds: Path | None = env("THRESHOLDS", None, "goodput thresholds override, key by key (docs/goodput.md)")
+    serving_thresholds: Path | None = env("SERVING_THRESHOLDS", None, "serving flag thresholds file, replacing "
+                                          "analysis/serving/thresholds.toml (docs/serving.md)")
     cache_mb: float = env("ANALYSIS_CACHE_MB", 512.0, "per-process cache of job features", ge=0)
     lock_ttl_s: float = env("ANALYSIS_LOCK_TTL_S", 30.0, "Redis lock that keeps two analysis runs apart; refreshed "
                             "after every job, so a killed worker delays the next run by at most this", gt=0)
