@@ -539,3 +539,29 @@ def fold_job(uuids: Sequence[str], nodes: Sequence[str], start: float, end: floa
                      for i, u in enumerate(uuids)]
     out["progress"] = bool(progress)
     return led, out
+
+
+def progress_only_gpus(windows: Sequence[Window], allocated: Sequence[str]) -> list[str]:
+    """The GPUs of a job seen only through its progress (no GPU telemetry): the allocated GPUs
+    when the scheduler named them, else one GPU per rank (the rank's GPU as its windows name
+    it, else ``rank<r>``): a rank process drives one GPU (docs/goodput.md)."""
+    if allocated:
+        return list(allocated)
+    last: dict[int, Window] = {}
+    for w in windows:
+        last[w.rank] = w
+    named = [str(last[r].gpu) if last[r].gpu else f"rank{r}" for r in sorted(last)]
+    # Two ranks naming one GPU (a shared device, or a relay that names none): still one row per rank.
+    return named if len(set(named)) == len(named) else [f"rank{r}" for r in sorted(last)]
+
+
+def fold_progress_only(windows: Sequence[Window], gpu_uuids: Sequence[str], start: float | None = None,
+                       end: float | None = None) -> Ledger:
+    """The ledger of a job with progress but no GPU telemetry: ``gpu_uuids`` (see
+    ``progress_only_gpus``) x [start, end] (its allocation; default the extent of its windows)
+    allocated; the seconds its progress covers attributed by progress (``progress_minutes``),
+    the rest ``unobserved`` (no telemetry: no hardware claim, no observed second)."""
+    t0 = min(w.start for w in windows) if start is None else start
+    t1 = max(w.end for w in windows) if end is None else end
+    grid = Grid.of(t0, t1, len(gpu_uuids))
+    return fold(grid, np.zeros((grid.n_gpus, grid.m)), progress=progress_minutes(windows, grid, gpu_uuids))

@@ -29,8 +29,9 @@ from gpufleet.storage.models import Allocation, Event, Flag, Gpu, Job, JobReport
 from .collectives.load import load_fabric
 from .config import Thresholds, load_thresholds
 from .features import HIST_BINS, HIST_FIELDS, MinuteFeatures, from_states
-from .progress.flags import run_progress_pass, store_progress_shares
-from .progress.load import load_windows
+from .ledger import fold_progress_only, progress_only_gpus
+from .progress.flags import progress_jobs, run_progress_pass, store_progress_shares
+from .progress.load import job_allocation, load_windows
 from .report import JobAnalysis, JobMeta, analyze
 from .serving.flags import is_serving_scope, run_serving_pass
 from .state import CACHE, JobState, StateCache
@@ -70,8 +71,10 @@ def _close_stale(engine: Engine, now: float) -> int:
         return int(fn(conn, now) or 0)
 
 
-def due_jobs(conn: Connection) -> list[int]:
-    """Jobs with samples newer than their report, never analyzed, or ended with open flags."""
+def due_jobs(conn: Connection, now: float | None = None) -> list[int]:
+    """Jobs with samples newer than their report, never analyzed, or ended with open flags; and
+    the progress pass's jobs no GPU sample reached (their ledger is their progress's, refolded
+    while their progress is recent: ``now``, default the clock)."""
     j, r, f = Job.__table__, JobReport.__table__, Flag.__table__
     open_flags = exists().where(f.c.job_pk == j.c.id, f.c.open.is_(True))
     q = (select(j.c.id).select_from(j.outerjoin(r, r.c.job_pk == j.c.id))
@@ -79,7 +82,13 @@ def due_jobs(conn: Connection) -> list[int]:
                     j.c.last_sample_ts > r.c.analyzed_until,
                     and_(j.c.state != "running", open_flags)))
          .order_by(j.c.id))
-    return list(conn.execute(q).scalars())
+    due = list(conn.execute(q).scalars())
+    seen = set(due)
+    pks = [pk for pk in progress_jobs(conn, time.time() if now is None else now) if pk not in seen]
+    if pks:
+        due = sorted(due + list(conn.execute(select(j.c.id).where(j.c.id.in_(pks), j.c.last_sample_ts.is_(None)))
+                                .scalars()))
+    return due
 
 
 def run_analysis(engine: Engine, *, now: float | None = None, job_pks: list[int] | None = None,
@@ -101,7 +110,7 @@ def run_analysis(engine: Engine, *, now: float | None = None, job_pks: list[int]
             log.warning("close_stale_jobs failed: %s", e)
         if job_pks is None:
             with engine.connect() as conn:
-                job_pks = due_jobs(conn)
+                job_pks = due_jobs(conn, now)
         s.jobs_due = len(job_pks)
         for pk in job_pks:
             for attempt in range(2):
@@ -240,8 +249,9 @@ def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache:
                               namespace=job["namespace"],
                               labels=job["labels"] if isinstance(job["labels"], dict) else None),
         )
-        if st.first_ts is None:
-            return  # no samples yet
+        if st.first_ts is None:  # no samples (yet): its ledger is its progress's, if any
+            _progress_ledger(conn, job_pk, [gpus[p][0] for p in sorted(gpus)], now, s)
+            return
         events = _events(conn, {p: i for i, p in enumerate(st.gpu_pks)}, st.first_ts, st.last_ts or st.first_ts)
         fabric = load_fabric(conn, job_pk)  # NCCL collectives and NICs (docs/nccl.md)
         progress = load_windows(conn, job_pk)  # the job's own progress, folded into its ledger
@@ -260,6 +270,20 @@ def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache:
         if changed:
             s.reports_written += 1 if changed & 1 else 0
             s.job_pks_changed.append(job_pk)
+
+
+def _progress_ledger(conn: Connection, job_pk: int, allocated: list[str], now: float, s: AnalysisSummary) -> None:
+    """A job with progress and no GPU telemetry: its ledger folded from its progress alone
+    (``ledger.fold_progress_only``; docs/goodput.md), then its progress flags' shares of it."""
+    ws = load_windows(conn, job_pk)
+    if not ws:
+        return
+    alloc = job_allocation(conn, job_pk, now)
+    led = fold_progress_only(ws, progress_only_gpus(ws, allocated), *((alloc.start, alloc.end) if alloc else ()))
+    changed = write_job_ledger(conn, job_pk, led.grid.b0, led.per_minute())
+    changed += store_progress_shares(conn, job_pk)
+    if changed and job_pk not in s.job_pks_changed:
+        s.job_pks_changed.append(job_pk)
 
 
 def _write_report(conn: Connection, job_pk: int, res: JobAnalysis, analyzed_until: float, now: float) -> int:
