@@ -13,7 +13,7 @@ on SQLite and PostgreSQL:
 * the progress relay (datagrams, no database): never raises, its bytes stay bounded.
 
 ``GPUFLEET_FUZZ_EXAMPLES`` sets the examples per surface (default 25, a few seconds each; the
-figures in docs/reliability.md are from a run with 2000)."""
+figures in docs/reliability.md are from a run with 500)."""
 
 from __future__ import annotations
 
