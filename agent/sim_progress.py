@@ -94,8 +94,10 @@ class ProgressDriver:
     """``advance(now)`` each agent cycle (the agent that owns the relay): every reporting rank
     emits what its processes did up to ``now`` and flushes every FLUSH_S."""
 
-    def __init__(self, jobs: list[SimJob], destination: str, *, storied_only: bool = True,
+    def __init__(self, jobs: list[SimJob], destination: str | Callable[[str], str], *, storied_only: bool = True,
                  received: Callable[[], int] | None = None) -> None:
+        # destination: one relay, or a node's relay by node name (each rank reports to its
+        # own node's, as on a cluster)
         self.destination = destination
         self.received = received  # the relay's datagrams received (ProgressRelay.received), to pace by
         # storied_only: the jobs whose profile has a progress story; else every job given
@@ -118,7 +120,8 @@ class ProgressDriver:
         s.clock.t = t
         job = s.job
         if what == "start":
-            s.rep = Reporter(self.destination, start_thread=False, clock=s.clock,
+            dest = self.destination if isinstance(self.destination, str) else self.destination(job.gpus[s.rank][0])
+            s.rep = Reporter(dest, start_thread=False, clock=s.clock,
                              wall=lambda: job.start_ts + s.clock.t, pid=41000 + 1000 * s.restarts + s.rank)
             s.rep.init(job_id=job.job_id, rank=s.rank, world_size=len(job.gpus))
             s.spans = []

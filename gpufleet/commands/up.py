@@ -13,7 +13,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +94,6 @@ def _sources(args: argparse.Namespace, data_dir: Path) -> list[tuple[str, Any]]:
     return list(fabric_sources(fleet, data_dir / "sim-fabric"))
 
 
-def _counter(obj: Any, attr: str) -> Callable[[], int]:
-    """A reader of ``obj.attr`` (the relay's datagram count, for the progress driver's pacing)."""
-    return lambda: int(getattr(obj, attr))
-
-
 def _evidence_s(job: Any, th: Any, now: float) -> float:
     """Seconds of replayed past a simulated job needs for the flags it should raise to show at
     the first analysis pass (its inefficiency runs from before the replay: simulator._age)."""
@@ -162,6 +157,8 @@ class _Background:
 
         sources = _sources(self.args, self.data_dir)
         history = _history_plan(sources, self.args.history_minutes * 60.0, time.time())
+        relays: dict[str, Any] = {}
+        first_source: Any = None
         for node, source in sources:
             fabric = getattr(source, "fabric", None)  # a simulated node's fake fabric files
             cfg = AgentConfig(
@@ -174,23 +171,38 @@ class _Background:
             )
             agent = Agent(cfg, source)
             self.agents.append(agent)
-            if len(self.agents) == 1:  # one progress relay per host, on the first agent (docs/progress.md)
-                from gpufleet.agent.progress_relay import attach
+            # One progress relay per simulated node, as one per host on a cluster (docs/progress.md):
+            # each simulated rank reports to its own node's relay, so a progress flag names the
+            # rank's node (with one relay on the first agent, every rank read as that node's).
+            from gpufleet.agent.progress_relay import attach, socket_path_from_env
 
-                relay = attach(agent)
+            if len(self.agents) == 1:
+                base = socket_path_from_env()
+                relay = attach(agent, base) if base else None
                 print(f"training progress: GPUFLEET_PROGRESS={relay.path}" if relay else
                       "training progress: off (GPUFLEET_PROGRESS=off, or no folder for its socket)", flush=True)
-                if relay is not None and hasattr(source, "hooks"):
-                    # The simulated training processes report to this host's relay, as real ones do.
-                    from gpufleet.agent.sim_progress import ProgressDriver
-
-                    driver = ProgressDriver(source.fleet_jobs, relay.path, received=_counter(relay, "received"))
-                    source.hooks.append(driver.advance)
+                first_source = source
+            elif relays:
+                relay = attach(agent, f"{relays[sources[0][0]].path}-{len(self.agents) - 1}")
+            else:
+                relay = None
+            if relay is not None:
+                relays[node] = relay
             self.replay.plan(int(history[node] / cfg.interval_s))
             t = threading.Thread(target=self._run_agent, args=(agent, history[node]), name=f"agent-{node}",
                                  daemon=True)
             t.start()
             self.threads.append(t)
+        if relays and hasattr(first_source, "hooks"):
+            # The simulated training processes report to their node's relay, as real ones do; a
+            # rank on a node without one (its socket could not be made) uses the first node's.
+            from gpufleet.agent.sim_progress import ProgressDriver
+
+            first = relays.get(sources[0][0])
+            paths = {n: r.path for n, r in relays.items()}
+            driver = ProgressDriver(first_source.fleet_jobs, lambda n: paths.get(n, first.path if first else ""),
+                                    received=lambda: sum(int(r.received) for r in relays.values()))
+            first_source.hooks.append(driver.advance)
         self.agents_started.set()  # every agent's replay is planned: the progress is complete
 
     def _run_agent(self, agent: Any, history_s: float) -> None:

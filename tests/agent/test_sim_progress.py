@@ -74,3 +74,30 @@ def test_progress_stories_raise_their_kinds(profile: str, minutes: int, tmp_path
 
 def test_every_story_has_a_profile() -> None:
     assert {k for p in PROFILES.values() for k in p.progress_flags} == set(STORIED)
+
+
+def test_each_simulated_rank_reports_to_its_own_nodes_relay(tmp_path: Path) -> None:
+    """The demo runs one relay per simulated node (gpufleet up): a rank's windows arrive through
+    the relay of the node its GPU is on, so a progress flag names the rank's node, not the
+    first node's (issue 37)."""
+    job = make_job("slow_rank", "7402", 4, T0, 5 * 60)
+    job.gpus = [("sim-a", 0), ("sim-a", 1), ("sim-b", 0), ("sim-b", 1)]  # ranks 0-1 on one node, 2-3 on another
+    nodes = ["sim-a", "sim-b"]
+    relays = {n: ProgressRelay(tmp_path / f"p{i}.sock", wall=lambda: T0 + 300) for i, n in enumerate(nodes)}
+    driver = ProgressDriver([job], lambda n: str(relays[n].path), storied_only=False,
+                            received=lambda: sum(r.received for r in relays.values()))
+    try:
+        for t in range(int(T0), int(T0) + 300, 5):
+            driver.advance(float(t))
+        deadline = time.monotonic() + 60
+        while sum(r.received for r in relays.values()) < driver.sent:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        ranks_by_node = {n: {w.rank for w in r.drain_all()} for n, r in relays.items()}
+    finally:
+        for r in relays.values():
+            r.close()
+    want: dict[str, set[int]] = {n: set() for n in nodes}
+    for rank, (node, _) in enumerate(job.gpus):
+        want[node].add(rank)
+    assert ranks_by_node == want == {"sim-a": {0, 1}, "sim-b": {2, 3}}, ranks_by_node
