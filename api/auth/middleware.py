@@ -20,8 +20,11 @@ import logging
 from typing import Any
 
 from anyio import to_thread
+from sqlalchemy.exc import DBAPIError
 
+from gpufleet.api.database_unavailable import RETRY_AFTER_S
 from gpufleet.storage import sessions
+from gpufleet.storage.errors import is_transient, is_unreachable
 from gpufleet.storage.tokens import TokenInfo, verify_token
 
 from .cluster_scope import OutOfScope, scoped_query
@@ -37,11 +40,13 @@ SESSION = "gpufleet.session"  # the live storage.sessions.Session behind a cooki
 SSO = "gpufleet.sso"
 
 
-async def _deny(send: Any, status: int, detail: str) -> None:
+async def _deny(send: Any, status: int, detail: str, retry_after_s: int | None = None) -> None:
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"cache-control", b"no-store")]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"cache-control", b"no-store")]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -82,7 +87,15 @@ class WebGuard:
             # Reads only: writes (the intake hot paths among them) are never a viewer's, and
             # tokens.authorize refuses a scoped viewer wherever this did not narrow the request.
             if method in ("GET", "HEAD"):
-                info = await to_thread.run_sync(_bearer, self.state_app.state.engine, h["authorization"])
+                try:
+                    info = await to_thread.run_sync(_bearer, self.state_app.state.engine, h["authorization"])
+                except DBAPIError as e:
+                    # The token lookup needs the database: down or failing over is transient
+                    # (503 + Retry-After, as every handler answers it), not a 500 with a traceback.
+                    if not (is_transient(e) or is_unreachable(e)):
+                        raise
+                    await _deny(send, 503, "database unavailable, retry later", RETRY_AFTER_S)
+                    return
                 if info is not None and not await _scope_reads(scope, send, info):
                     return
             await self.app(scope, receive, send)
