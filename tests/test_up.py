@@ -40,6 +40,8 @@ def _wait(fn, timeout: float, what: str):  # type: ignore[no-untyped-def]
 def test_up_serves_fleet_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    # Its own relay sockets: the default path is one per host, and another suite's demo may hold it.
+    env["GPUFLEET_PROGRESS"] = str(tmp_path / "p.sock")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet.cli", "up", "--port", str(port), "--data-dir", str(tmp_path),
          "--simulate", "16", "--flush-s", "2", "--analysis-interval", "5"],

@@ -57,12 +57,12 @@ def test_job_and_node_pages_show_collectives_heatmap_and_nics(
         assert "rank 21 on gpu-02" in note and "mlx5_5/1" in note
         assert pg.locator(".heat-ranks .degraded").count() == 1
         row = pg.locator("#coll-nics tr.bad")
-        assert row.count() == 1 and "200 Gb/s (was 400)" in row.inner_text() and "mlx5_5/1" in row.inner_text()
+        assert row.count() == 1 and "25 GB/s (was 50 GB/s)" in row.inner_text() and "mlx5_5/1" in row.inner_text()
         p.shot("job-collectives")
         pg = p.open("/nodes/gpu-02")
         pg.wait_for_selector("#node-nics-table")
         bad = pg.locator("#node-nics-table tr.bad")
-        assert bad.count() == 1 and "mlx5_5/1" in bad.inner_text() and "200 Gb/s (was 400)" in bad.inner_text()
+        assert bad.count() == 1 and "mlx5_5/1" in bad.inner_text() and "25 GB/s (was 50 GB/s)" in bad.inner_text()
         assert "GPU 5" in bad.inner_text(), "the rail: GPU 5 uses mlx5_5"
         assert pg.locator("#node-nics-table tbody tr").count() == 8
     finally:
