@@ -53,6 +53,7 @@ CROSS_REFERENCES = {
     "pipeline_imbalance": {"analysis/detectors/low_sm_activity.py": "a more specific cause it steps aside for",
                            "analysis/detectors/straggler.py": "a deviant without a hardware signature is one"},
 }
+CROSS_REFERENCES.setdefault("slo_missed", {})["alerts/config.py"] = "the default slo_burn rule pages it at once"
 # The default "fabric" alert rule pages these on severity, whatever waste they claim (docs/alerts.md).
 for _k in ("collective_slow", "network_degraded", "link_errors", "straggler", "throttled", "slow_rank"):
     CROSS_REFERENCES.setdefault(_k, {})["alerts/config.py"] = "the default fabric rule pages it on severity"
