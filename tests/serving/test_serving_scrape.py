@@ -4,10 +4,8 @@ minute records that the intake accepts."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from gpufleet.agent.sources.serving_scrape import (
     targets_from_pods,
 )
 from gpufleet.collector.serving_routes import check_minute
+from tests.prometheus.procs import FakeExporter
 
 
 def test_targets_from_pod_annotations() -> None:
@@ -68,27 +67,11 @@ def engine_server() -> Iterator[tuple[str, list[str]]]:
     """A real HTTP server answering /metrics with the next simulated page on each request."""
     res = simulate(EngineModel(), Workload(rate_rps=4, duration_s=180, seed=9), engine="vllm", drain=False)
     pages = [p for _, p in res.pages]
-    served: list[str] = []
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = pages[min(len(served), len(pages) - 1)].encode()
-            served.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = FakeExporter("", page=lambda k: pages[min(k, len(pages) - 1)])  # the next page per scrape
     try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/metrics", pages
+        yield f"http://127.0.0.1:{srv.port}/metrics", pages
     finally:
-        srv.shutdown()
+        srv.stop()
 
 
 def test_scrape_real_http_into_minutes(engine_server: tuple[str, list[str]]) -> None:
