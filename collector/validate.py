@@ -153,14 +153,3 @@ def _check_strings(field: str, col: Iterable[Any], limit: int, *, required: bool
             _str("samples", field, v, limit, required=required)
         except BatchRejected as e:
             raise e.at(row=col.index(v)) from None
-
-
-def check_jobs_on_own_gpus(prep: Prepared) -> None:
-    """For a batch sent with a node-scoped token: it may describe (``jobs``) only the jobs its
-    own rows or allocations put on its own GPUs, so one node cannot rename another node's job
-    or change who is blamed for it. 403 naming the entry."""
-    mine = {j for j in set(prep.job) if j is not None} | {a.job_id for a in prep.batch.allocations}
-    for i, info in enumerate(prep.batch.jobs):
-        if info.job_id not in mine:
-            raise reject("jobs", f"job {info.job_id!r} runs on none of this node's GPUs in this batch: "
-                         "a node-scoped token may describe only its own jobs", field="job_id", row=i, status=403)
