@@ -12,6 +12,10 @@ Precedence, per GPU-minute:
    seconds stay productive. Its not-productive seconds of an *explainable* cause (hang, idle,
    restart lost, unexplained) go to the hardware flags that claim that GPU-minute, in the
    share they claim; spans the program named (data wait, checkpoint, ...) stay its own.
+   A serving replica's minutes (analysis/serving/ledger.py) decide the same way: productive in
+   the share of requests that met the SLOs, the rest a serving cause (``[serving]`` of
+   ``ledger_categories.toml``) that no claim takes; only a critical work-stopping fault takes
+   them, on the GPUs it stopped. Where a job has both, the requests it served decide.
 2. Seconds only telemetry covers: the hardware flags' claims (fractions of the observed time).
 3. Neither: ``unobserved``; except after a work-stopping fault (``stops_work``, critical) on
    the faulted GPU, where they are the fault's (the stopped time).
@@ -54,8 +58,9 @@ class Categories:
     hardware: tuple[str, ...]  # hardware flag kinds (each a category)
     flag_categories: Mapping[str, tuple[str, ...]]  # flag kinds without claims -> their categories
     stops_work: frozenset[str]
-    # Serving flag kinds: the categories of a replica-minute (analysis/serving/ledger.py), which
-    # ``fold`` takes as the application's own view, as it takes progress.
+    # Serving causes ([serving] causes): the badput categories of a replica-minute
+    # (analysis/serving/ledger.py), which ``fold`` takes as the application's own view, as it
+    # takes progress: no claim takes them, a work-stopping fault does on the GPUs it stopped.
     serving: tuple[str, ...] = ()
 
     @property
@@ -84,12 +89,15 @@ def parse_categories(text: str) -> Categories:
         raise ValueError(f"ledger categories: a cause is defined twice: {names}")
     reg = flag_kinds()
     hardware = tuple(k.name for k in reg.kinds if k.source == "hardware")
+    serving = tuple(str(k) for k in (raw.get("serving") or {}).get("causes", []))
+    not_serving = sorted(set(serving) - {k.name for k in reg.kinds if k.source == "serving"})
+    if not_serving:
+        raise ValueError(f"ledger categories: [serving].causes names kinds that are not serving kinds {not_serving}")
     flags = {str(k): tuple(str(x) for x in v) for k, v in (raw.get("flags") or {}).items()}
-    unknown = sorted({c for v in flags.values() for c in v} - set(names) - set(hardware))
+    unknown = sorted({c for v in flags.values() for c in v} - set(names) - set(hardware) - set(serving))
     if unknown:
         raise ValueError(f"ledger categories: [flags] names unknown categories {unknown}")
     stops = frozenset(str(k) for k in (raw.get("precedence") or {}).get("stops_work", []))
-    serving = tuple(k.name for k in reg.kinds if k.source == "serving")
     return Categories(tuple(names), frozenset(str(c["name"]) for c in causes if c.get("explainable")),
                       {str(c["name"]): str(c.get("title", c["name"])) for c in causes}, hardware, flags, stops,
                       serving)
@@ -184,20 +192,37 @@ def _add(out: dict[str, np.ndarray], k: str, v: np.ndarray) -> None:
         out[k] = v.astype(np.float64, copy=True)
 
 
+def _app_view(progress: Mapping[str, np.ndarray] | None,
+              serving: Mapping[str, np.ndarray] | None) -> Mapping[str, np.ndarray] | None:
+    """The application's own view: the replica's serving seconds on the GPU-minutes they cover,
+    the job's progress on the others (a job that is both: the requests it served decide)."""
+    if not serving:
+        return progress
+    if not progress:
+        return serving
+    covered = sum((np.fmax(v, 0.0) for v in serving.values()), np.zeros(next(iter(serving.values())).shape)) > 0
+    out = {k: np.where(covered, 0.0, v) for k, v in progress.items()}
+    for k, v in serving.items():
+        out[k] = out[k] + v if k in out else v
+    return out
+
+
 def fold(grid: Grid, observed_s: np.ndarray, claims: Sequence[Claim] = (), *,
          idle: np.ndarray | None = None, progress: Mapping[str, np.ndarray] | None = None,
-         cats: Categories | None = None) -> Ledger:
+         serving: Mapping[str, np.ndarray] | None = None, cats: Categories | None = None) -> Ledger:
     """The ledger of one job. ``observed_s``: (G, M) seconds of telemetry per GPU-minute;
     ``idle``: (G, M) judged idle by the hardware view; ``progress``: the application's own view,
-    cause (``productive`` included) -> (G, M) seconds: the job's progress (``progress_minutes``),
-    or a serving replica's minutes (analysis/serving/ledger.py; its kinds stay its own, as spans
-    do). See the module docstring."""
+    cause (``productive`` included) -> (G, M) seconds: the job's progress (``progress_minutes``);
+    ``serving``: a serving replica's minutes in the same form (``serving_minutes_grid``; its
+    causes stay its own against claims, as spans do, and it decides the GPU-minutes it covers).
+    See the module docstring."""
     cats = cats or categories()
     g, m = grid.n_gpus, grid.m
     alloc = np.broadcast_to(grid.alloc_s, (g, m))
     obs = np.minimum(np.fmax(observed_s, 0.0), alloc)
     out: dict[str, np.ndarray] = {}
     prog: dict[str, np.ndarray] = {}
+    progress = _app_view(progress, serving)
     if progress:
         # Progress first: its seconds are taken out of the GPU-minute (scaled down, never over it).
         prog = {k: np.fmax(v, 0.0) for k, v in progress.items()}
@@ -269,13 +294,15 @@ def fold(grid: Grid, observed_s: np.ndarray, claims: Sequence[Claim] = (), *,
         give(i, np.where(stopped_any, 0.0, inc) * live)
     _add(out, PRODUCTIVE, live * (1.0 - top_live))
     explain = np.where(stopped_any, 1.0, top)
+    stop_only = np.where(stopped_any, 1.0, 0.0)  # serving causes: the fault's where it stopped the GPU
     explained_prog = np.zeros((g, m))
     for k, v in prog.items():
-        if k == PRODUCTIVE or k not in cats.explainable:
+        if k == PRODUCTIVE or (k not in cats.explainable and k not in cats.serving):
             _add(out, k, v)
             continue
-        _add(out, k, v * (1.0 - explain))
-        explained_prog = explained_prog + v * explain
+        ex = explain if k in cats.explainable else stop_only
+        _add(out, k, v * (1.0 - ex))
+        explained_prog = explained_prog + v * ex
     _add(out, UNOBSERVED, np.where(stopped_any, 0.0, unobs_rest))
     for i, mine in stop_owner:
         give(i, np.where(mine, unobs_rest + stopped_obs + explained_prog, 0.0))
@@ -291,6 +318,40 @@ def claims_per_minute(claim_gk: np.ndarray, w_min: int, m_feat: int) -> np.ndarr
     if claim_gk.size == 0:
         return np.zeros((claim_gk.shape[0] if claim_gk.ndim == 2 else 0, m_feat))
     return np.repeat(claim_gk, w_min, axis=1)[:, :m_feat]
+
+
+# --- serving replica-minutes -> per-minute seconds -------------------------------------------
+
+@dataclass(frozen=True)
+class ServingCell:
+    """One replica-minute in ledger categories (analysis/serving/ledger.py): GPU-seconds of the
+    replica's GPUs by category (``unobserved`` left out: the telemetry decides those)."""
+
+    minute_ts: int  # epoch seconds of the minute's start
+    gpu_uuids: tuple[str, ...]  # the replica's GPUs as the minute names them (() when it names none)
+    seconds: Mapping[str, float]
+
+
+def serving_minutes_grid(cells: Sequence[ServingCell], grid: Grid, gpu_uuids: Sequence[str]) -> dict[str, np.ndarray]:
+    """Category -> (G, M) seconds of the job's replica-minutes: on the GPUs a minute names when
+    the job holds them all, else spread evenly over the job's GPUs (``fold`` scales a GPU-minute
+    given more than its allocated seconds down to them)."""
+    g, m = grid.n_gpus, grid.m
+    row = {u: i for i, u in enumerate(gpu_uuids)}
+    out: dict[str, np.ndarray] = {}
+    for c in cells:
+        j = c.minute_ts // 60 - grid.b0
+        if not 0 <= j < m or not g:
+            continue
+        rows = [row[u] for u in c.gpu_uuids if u in row]
+        if not rows or len(rows) != len(c.gpu_uuids):
+            rows = list(range(g))
+        for k, v in c.seconds.items():
+            if k == UNOBSERVED or not v > 0:
+                continue
+            a = out.setdefault(k, np.zeros((g, m)))
+            a[rows, j] += v / len(rows)
+    return out
 
 
 # --- progress -> per-minute seconds ---------------------------------------------------------
@@ -491,10 +552,12 @@ def _fault_rows(fd: Any, uuids: Sequence[str], nodes: Sequence[str]) -> list[int
 
 def fold_job(uuids: Sequence[str], nodes: Sequence[str], start: float, end: float, feats: Any,
              findings: Sequence[Any], job: Any, progress: Sequence[Window] | None,
-             price: float | None = None) -> tuple[Ledger, dict[str, Any]]:
+             price: float | None = None,
+             serving: Sequence[ServingCell] | None = None) -> tuple[Ledger, dict[str, Any]]:
     """One job's ledger from what ``analysis.report.analyze`` has: its minute features (observed
     seconds), its findings' per-window claims (``Finding.claim``), the hardware idle split
-    (``JobView.idle``) and its progress windows. Returns the ledger and the report's ``ledger``."""
+    (``JobView.idle``), its progress windows and its serving replica-minutes. Returns the ledger
+    and the report's ``ledger``."""
     cats = categories()
     g = len(uuids)
     grid = Grid.of(start, end, g)
@@ -526,7 +589,8 @@ def fold_job(uuids: Sequence[str], nodes: Sequence[str], start: float, end: floa
         observed = np.zeros_like(observed)
         claims = [Claim(fd.kind, fd.scope, fd.severity, None) for fd in findings]
     prog = progress_minutes(progress, grid, uuids) if progress else None
-    led = fold(grid, observed, claims, idle=idle, progress=prog, cats=cats)
+    served = serving_minutes_grid(serving, grid, uuids) if serving else None
+    led = fold(grid, observed, claims, idle=idle, progress=prog, serving=served, cats=cats)
     n_faults = sum(1 for fd in findings if fd.kind in cats.stops_work and fd.severity == "critical")
     failures = max(restarts(progress) if progress else 0, n_faults)
     names = list(led.seconds)
@@ -538,6 +602,7 @@ def fold_job(uuids: Sequence[str], nodes: Sequence[str], start: float, end: floa
     out["by_gpu"] = [{"gpu_uuid": u, "categories": {k: h[i] for k, h in zip(names, hours, strict=True) if h[i] > 0}}
                      for i, u in enumerate(uuids)]
     out["progress"] = bool(progress)
+    out["serving"] = bool(served)
     return led, out
 
 

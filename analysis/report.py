@@ -16,7 +16,7 @@ from .config import Thresholds, load_thresholds
 from .detectors import Finding, JobContext, JobView, run_detectors
 from .detectors.base import CounterMinutes, MinuteSignals
 from .features import HIST_FIELDS, MinuteFeatures, hist_quantiles
-from .ledger import Ledger, fold_job
+from .ledger import Ledger, ServingCell, fold_job
 from .progress.model import Window
 from .windows import build_windows, nz
 from .workload import WorkloadClass, from_pattern
@@ -70,10 +70,12 @@ def _weighted_mean(x: np.ndarray, n: np.ndarray, n_pos: np.ndarray | None = None
 def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *,
             th: Thresholds | None = None, events: list[tuple[float, int | None, str, int | None]] | None = None,
             first_ts: float | None = None, last_ts: float | None = None, fabric: Any = None,
-            progress: Sequence[Window] | None = None, price: float | None = None) -> JobAnalysis:
+            progress: Sequence[Window] | None = None, price: float | None = None,
+            serving: Sequence[ServingCell] | None = None) -> JobAnalysis:
     """The report and findings for one job. ``first_ts``/``last_ts``: its first and last
     sample (default: the edges of the minutes with data); ``progress``: the job's progress
-    windows (docs/progress.md), folded into its ledger; ``price``: of one GPU-hour (cost)."""
+    windows (docs/progress.md), folded into its ledger; ``price``: of one GPU-hour (cost);
+    ``serving``: its serving replica-minutes (docs/serving.md, "Ledger"), folded too."""
     th = th or load_thresholds()
     g = len(meta.gpu_uuids)
     if first_ts is None or last_ts is None:
@@ -128,7 +130,8 @@ def analyze(meta: JobMeta, feats: MinuteFeatures, hist: dict[str, np.ndarray], *
     # Every waste figure and the score are sums over the ledger (docs/goodput.md, "The ledger"):
     # a flag's waste is its share of it, two flags never claim one second, and the score is
     # productive / observed GPU time (unobserved time is unknown, neither good nor waste).
-    led, led_json = fold_job(meta.gpu_uuids, meta.gpu_nodes, start, end, feats, findings, job, progress, price)
+    led, led_json = fold_job(meta.gpu_uuids, meta.gpu_nodes, start, end, feats, findings, job, progress, price,
+                             serving)
     score = led_json["goodput"]
     wasted_total = float(led_json["wasted_gpu_hours"])
     wasted_by: dict[str, float] = {}
