@@ -13,8 +13,9 @@ never an overstatement) and the upper one beside it; when both attainments are 9
 two are within one point of each other.
 
 An SLO between two bucket bounds is interpolated (``*_attainment``); ``*_attainment_range`` says
-what the buckets prove (the counts at the bounds either side), and ``goodput_range`` carries both
-uncertainties: the share meeting both SLOs is certainly inside it.
+what the buckets prove (the counts at the bounds either side), ``*_attainment_exact`` whether that
+range is one value (the SLO on a bound, or no request in its bucket), and ``goodput_range`` carries
+both uncertainties: the share meeting both SLOs is certainly inside it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class ServingSummary:
     tpot_attainment: float | None
     ttft_attainment_range: tuple[float, float] | None
     tpot_attainment_range: tuple[float, float] | None
+    ttft_attainment_exact: bool | None  # False: the SLO sits between bounds with requests in that bucket
+    tpot_attainment_exact: bool | None
     goodput_share: float | None  # share of requests meeting both SLOs (Fréchet lower bound, interpolated)
     goodput_range: tuple[float, float] | None  # what the buckets prove about that share
     goodput_rps: float | None
@@ -184,11 +187,16 @@ def summarize(name: str, minutes: Sequence[ServingMinute], slo: Slo,
         batch_size_mean=batch, preemptions=_sum_known(minutes, "preemptions"), sm_active_mean=_mean(sm),
         gpu_util_mean=_mean(util),
         slo=slo, ttft_attainment=a_ttft, tpot_attainment=a_tpot,
-        ttft_attainment_range=r_ttft, tpot_attainment_range=r_tpot, goodput_share=low,
+        ttft_attainment_range=r_ttft, tpot_attainment_range=r_tpot,
+        ttft_attainment_exact=_exact(r_ttft), tpot_attainment_exact=_exact(r_tpot), goodput_share=low,
         goodput_range=goodput_range(r_ttft, r_tpot),
         goodput_rps=goodput_rps,
         goodput_rps_per_gpu=goodput_rps / mean_gpus if goodput_rps is not None and mean_gpus else None,
         slo_met=slo_met, cost_per_million_good_tokens=cost, notes=notes)
+
+
+def _exact(r: tuple[float, float] | None) -> bool | None:
+    return None if r is None else r[0] == r[1]
 
 
 def _batch_size(minutes: Sequence[ServingMinute]) -> float | None:
