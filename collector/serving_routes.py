@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from gpufleet.collector.intake_schema import text_problem
 from gpufleet.serving_expo import measures_from_json, measures_to_json
 from gpufleet.serving_metrics import serving_registry
 from gpufleet.storage import tokens
@@ -34,8 +35,9 @@ def _reply(status: int, body: dict[str, Any]) -> Response:
     return Response(json.dumps(body), status_code=status, media_type="application/json")
 
 
-def _name(v: Any) -> bool:
-    return isinstance(v, str) and 0 < len(v) <= _NAME_MAX
+def _name(v: Any, most: int = _NAME_MAX) -> bool:
+    """A name the database stores: 1..``most`` characters, no NUL, valid UTF-8 (intake_schema's rule)."""
+    return isinstance(v, str) and text_problem(v, 1, most) is None
 
 
 def check_minute(rec: Any) -> tuple[dict[str, Any] | None, list[str]]:
@@ -45,7 +47,7 @@ def check_minute(rec: Any) -> tuple[dict[str, Any] | None, list[str]]:
     why = []
     for key in ("deployment", "replica"):
         if not _name(rec.get(key)):
-            why.append(f"{key}: a string of 1..{_NAME_MAX} characters is required")
+            why.append(f"{key}: a string of 1..{_NAME_MAX} characters (no NUL) is required")
     minute = rec.get("minute")
     if isinstance(minute, bool) or not isinstance(minute, int) or minute < 0 or minute % 60:
         why.append("minute: epoch seconds of the minute's start (a multiple of 60) is required")
@@ -57,8 +59,8 @@ def check_minute(rec: Any) -> tuple[dict[str, Any] | None, list[str]]:
     uuids = rec.get("gpu_uuids")
     if uuids is not None and (not isinstance(uuids, list) or len(uuids) > 256 or not all(_name(u) for u in uuids)):
         why.append("gpu_uuids: a list of GPU UUIDs")
-    if rec.get("job_id") is not None and not isinstance(rec.get("job_id"), str):
-        why.append("job_id: a string")
+    if rec.get("job_id") is not None and not _name(rec.get("job_id"), 255):
+        why.append("job_id: a string of 1..255 characters")
     if why:
         return None, why
     measures, bad = measures_from_json(rec.get("measures"))

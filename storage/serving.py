@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import and_, delete, func, insert, or_, select
 from sqlalchemy.engine import Connection
 
+from gpufleet.storage.models import Allocation, Cluster, Gpu, Job, Node
 from gpufleet.storage.serving_models import ServingDeploymentRow, ServingMinuteRow
 
 
@@ -42,6 +43,26 @@ def write_minutes(conn: Connection, cluster: str, rows: Sequence[Mapping[str, An
          "engine": r["engine"], "node": r.get("node"), "job_id": r.get("job_id"), "gpus": int(r["gpus"]),
          "gpu_uuids": r.get("gpu_uuids"), "measures": r["measures"]} for r in rows])
     return len(rows)
+
+
+def job_gpus(conn: Connection, cluster: str, job_ids: Iterable[str], start: float,
+             end: float) -> dict[str, list[tuple[str, str, float, float | None]]]:
+    """The GPUs each job held at some time in [start, end): job id -> [(GPU uuid, node, allocation
+    start, allocation end or None while open)], from the GPU -> job attribution (``allocations``)."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    j, a, g, n, c = Job.__table__, Allocation.__table__, Gpu.__table__, Node.__table__, Cluster.__table__
+    out: dict[str, list[tuple[str, str, float, float | None]]] = {}
+    for i in range(0, len(ids), 500):
+        q = (select(j.c.job_id, g.c.uuid, n.c.name, a.c.start_ts, a.c.end_ts)
+             .select_from(j.join(c, c.c.id == j.c.cluster_id).join(a, a.c.job_pk == j.c.id)
+                          .join(g, g.c.id == a.c.gpu_pk).join(n, n.c.id == g.c.node_id))
+             .where(c.c.name == cluster, j.c.job_id.in_(ids[i:i + 500]), a.c.start_ts < end,
+                    or_(a.c.end_ts.is_(None), a.c.end_ts > start)))
+        for job, uuid, node, t0, t1 in conn.execute(q):
+            out.setdefault(job, []).append((uuid, node, float(t0), None if t1 is None else float(t1)))
+    return out
 
 
 def write_deployment_labels(conn: Connection, cluster: str, labels: Mapping[str, Mapping[str, str]],

@@ -18,6 +18,9 @@ SERIES_BYTES = 256 << 20  # label encodings -> mapped series (200k series of ~30
 FAMILY_BYTES = 8 << 20  # metadata family names -> counter or not (dcgm-exporter has ~100)
 DIMS_BYTES = 32 << 20  # (gpus, jobs) lists that passed their checks
 LABEL_VALUES_BYTES = 64 << 20  # per-GPU values remembered from labels (memory totals), NCCL snapshots
+# serving replicas' scrapes being assembled, last snapshots and open minutes (collector/serving_remote_write.py):
+# ~40 KB a vLLM replica scraped every 15 s, so ~1,600 replicas; past it their open minutes are lost (counted)
+SERVING_BYTES = 64 << 20
 
 
 class ByteBudget:

@@ -24,6 +24,7 @@ from itertools import repeat
 import numpy as np
 
 from gpufleet import dcgm
+from gpufleet.collector.serving_remote_write import ServingSeries
 from gpufleet.protocol import AgentInfo, Batch, GpuInfo, JobInfo
 from gpufleet.storage.fields import FIELD_INDEX, IS_I8, MAX, MIN, NAMES, NF
 from gpufleet.storage.prepared import Prepared
@@ -34,6 +35,7 @@ from .wire import SingleSamples
 _FB_EXTRA = -1  # slot field code: dcgm.FB_FREE / FB_RESERVED (only for the memory total)
 _IGNORED = -2  # not a GPU series (the reason is in Slots.reason)
 _DECLINE = -3  # NCCL series: the general path
+_SERVING = -4  # an inference engine's series (collector/serving_remote_write.py): handed over, no row
 _FB_FIELDS = {FIELD_INDEX.get("fb_used_bytes", -9), FIELD_INDEX.get("fb_total_bytes", -9)}
 
 
@@ -55,6 +57,7 @@ class Slots:
         self.fb_name = np.empty(0, dtype=bool)  # the memory total's inputs: FB extras, fb_used, fb_total
         self.mapped: list[Mapped | None] = []
         self.reason: list[str] = []
+        self.serving: dict[int, ServingSeries] = {}  # slot -> the serving series it is
         self.uuids: list[str] = []
         self._uuid_code: dict[str, int] = {}
         self.nodes: list[str] = []
@@ -131,7 +134,10 @@ class Slots:
                 self.mapped.append(m)
                 self.reason.append("")
             else:
-                field.append(_DECLINE if isinstance(m, NcclSeries) else _IGNORED)
+                if isinstance(m, ServingSeries):
+                    self.serving[len(self.mapped)] = m
+                field.append(_DECLINE if isinstance(m, NcclSeries) else _SERVING if isinstance(m, ServingSeries)
+                             else _IGNORED)
                 scale.append(1.0)
                 gpu.append(-1)
                 node.append(-1)
@@ -166,12 +172,20 @@ def convert_columnar(cols: SingleSamples, series: SeriesMap, slots: Slots, rates
     fcode = slots.field[ids]
     if (fcode == _DECLINE).any():
         return None
-    mapped = fcode != _IGNORED
+    mapped = fcode > _IGNORED  # (_DECLINE is gone: a field, _FB_EXTRA, or ignored / serving)
     counter = slots.counters(rates.counter_families)[ids]  # series whose samples become rates
     conv = Conversion([], columnar=True)
     conv.series = conv.samples = len(ids)
     if not mapped.all():
-        conv.ignored.update(Counter(slots.reason[s] for s in ids[~mapped].tolist()))
+        serving = fcode == _SERVING
+        if serving.any():
+            of = slots.serving
+            conv.serving.extend((of[s], [(t, v)]) for s, t, v in zip(ids[serving].tolist(),
+                                                                     cols.ts_ms[serving].tolist(),
+                                                                     cols.values[serving].tolist(), strict=True))
+            conv.ignored.update(Counter(slots.reason[s] for s in ids[~mapped & ~serving].tolist()))
+        else:
+            conv.ignored.update(Counter(slots.reason[s] for s in ids[~mapped].tolist()))
     lo = -np.inf if max_age_s is None else (now - max_age_s) * 1000.0
     hi = (now + max_future_s) * 1000.0
     ts, raw = cols.ts_ms, cols.values

@@ -29,6 +29,8 @@ from typing import Any
 
 from gpufleet import dcgm
 from gpufleet.catalog import Field
+from gpufleet.collector.serving_remote_write import PREFIX_TUPLE as SERVING_PREFIXES
+from gpufleet.collector.serving_remote_write import ServingSeries, serving_series
 from gpufleet.nccl_fold import PROM_METRICS, PROM_NOT_IDENTITY, Aggregator, record_from_prom
 from gpufleet.pod_jobs import DEFAULT as DEFAULT_POD_JOBS
 from gpufleet.pod_jobs import PodJobs
@@ -105,15 +107,19 @@ def _nccl_series(kind: str, labels: dict[str, str], pod_jobs: PodJobs) -> NcclSe
     return NcclSeries(kind, ident, node, job)
 
 
-def map_series(labels: dict[str, str], pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> Mapped | NcclSeries | str:
-    """``pod_jobs``: which job a pod's name says it belongs to (setting
-    ``kubernetes_job_patterns``, the same rules and variable as the agent's)."""
+def map_series(labels: dict[str, str],
+               pod_jobs: PodJobs = DEFAULT_POD_JOBS) -> Mapped | NcclSeries | ServingSeries | str:
+    """``pod_jobs``: which job a pod's name says it belongs to (setting ``kubernetes_job_patterns``,
+    the same rules and variable as the agent's). An inference engine's series is a ``ServingSeries``
+    (or the reason it cannot be used) for collector/serving_remote_write.py, never a GPU row."""
     name = labels.get("__name__", "")
     f = dcgm.field_for(name)
     if f is None and name not in dcgm.FB_EXTRA:
         kind = PROM_METRICS.get(name)
         if kind is not None:
             return _nccl_series(kind, labels, pod_jobs)
+        if name.startswith(SERVING_PREFIXES):  # an inference engine's: the serving fold's (one check per label set)
+            return serving_series(labels, pod_jobs) or NOT_GPU_METRIC
         return NCCL_NOT_USED if name.startswith(NCCL_PREFIX) else NOT_GPU_METRIC
     ident = dcgm.gpu_identity(labels)
     if ident is None:
@@ -132,10 +138,10 @@ class SeriesMap:
                  max_bytes: int = budget.SERIES_BYTES) -> None:
         self.max_entries = max_entries
         self.pod_jobs = pod_jobs
-        self._d: dict[bytes, Mapped | NcclSeries | str] = {}
+        self._d: dict[bytes, Mapped | NcclSeries | ServingSeries | str] = {}
         self.budget = budget.ByteBudget("series", max_bytes)
 
-    def get(self, key: bytes) -> Mapped | NcclSeries | str:
+    def get(self, key: bytes) -> Mapped | NcclSeries | ServingSeries | str:
         hit = self._d.get(key)
         if hit is None:
             try:
@@ -156,7 +162,7 @@ class SeriesMap:
         return len(self._d)
 
     @property
-    def known(self) -> dict[bytes, Mapped | NcclSeries | str]:
+    def known(self) -> dict[bytes, Mapped | NcclSeries | ServingSeries | str]:
         """The cached label encodings (for ``wire.decode``'s fast path; read-only use)."""
         return self._d
 
@@ -239,6 +245,9 @@ class Conversion:
     snapshot_updates: dict[SnapshotKey, SnapshotToken] = field(default_factory=dict)
     gpu_updates: dict[tuple[str, str, int], GpuInfo] = field(default_factory=dict)
     columnar: bool = False  # converted by columnar.convert_columnar (the answer says which path)
+    # inference engines' series with their samples (collector/serving_remote_write.py folds them)
+    serving: list[tuple[ServingSeries, list[tuple[int, float]]]] = field(default_factory=list)
+    serving_finished: list[Any] = field(default_factory=list)  # replica-minutes the fold finished
     # samples kept without becoming a row's value (framebuffer free/reserved -> the GPU's memory
     # total, NCCL series -> collectives), by node: remote write 2.0's Samples-Written counts them
     folded: Counter[str] = field(default_factory=Counter)
@@ -283,8 +292,13 @@ def convert(req: WriteRequest, series_map: SeriesMap, rates: RateState, *, clust
         if isinstance(m, str):
             conv.ignored[m] += 1
             continue
-        if isinstance(m, NcclSeries):
-            _add_nccl(conv, nodes, m, s.samples, lo, hi)
+        if not isinstance(m, Mapped):
+            if isinstance(m, NcclSeries):
+                _add_nccl(conv, nodes, m, s.samples, lo, hi)
+            else:
+                conv.serving.append((m, s.samples))
+                if s.histograms:
+                    conv.dropped["histogram"] += s.histograms
             continue
         if s.histograms:
             conv.dropped["histogram"] += s.histograms

@@ -34,6 +34,7 @@ from gpufleet.storage import tokens
 from . import budget, wire, wire_v2
 from .columnar import Slots, convert_columnar
 from .mapping import SERIES_CACHE_MAX, Conversion, RateState, SeriesMap, SnapshotState, convert
+from .serving import ServingHook
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -124,6 +125,9 @@ class Receiver:
         self.dims_budget = budget.ByteBudget("dims", budget.DIMS_BYTES)
         self.values_budget = budget.ByteBudget("label_values", budget.LABEL_VALUES_BYTES)
         self._parsing = 0  # bodies handed to the parse thread and not yet to the writer
+        # inference engines' series -> replica-minutes (docs/serving.md, "Remote write")
+        self.serving = ServingHook(lambda: coll.engine, self.series.pod_jobs,
+                                   int(getattr(getattr(coll.settings, "http", None), "workers", 1) or 1))
         writer = getattr(coll, "writer", None)
         if writer is not None:
             writer.incoming = self._incoming
@@ -131,7 +135,8 @@ class Receiver:
 
     def budgets(self) -> list[budget.ByteBudget]:
         """The byte bounds of every cache that senders fill (for /metrics)."""
-        return [self.series.budget, self.rates.families_budget, self.dims_budget, self.values_budget]
+        return [self.series.budget, self.rates.families_budget, self.dims_budget, self.values_budget,
+                self.serving.state.budget]
 
     def _incoming(self) -> int:
         return self._parsing
@@ -189,7 +194,11 @@ class Receiver:
             if isinstance(parsed, tuple):
                 return parsed
             queued = True
-            return await self._store(parsed, v2)
+            try:
+                return await self._store(parsed, v2)
+            finally:
+                if parsed.serving_finished:  # replica-minutes finished: stored whatever the GPU rows' answer
+                    await self.serving.store(parsed.serving_finished)
         finally:
             if not queued:
                 self._left_parse()
@@ -257,6 +266,7 @@ class Receiver:
             return answer(415, "this is a remote write 2.0 body (io.prometheus.write.v2.Request) sent with the 1.0 "
                                "Content-Type: send Content-Type: application/x-protobuf;"
                                "proto=io.prometheus.write.v2.Request")
+        self.serving.fold(conv, cluster, now, cfg.max_age_s, cfg.max_future_s)
         return self._checked(conv, cluster, now, max_rows)
 
     def _checked(self, conv: Conversion, cluster: str, now: float, max_rows: int) -> Conversion:

@@ -4,6 +4,7 @@ created one)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -139,6 +140,7 @@ class RemoteWriteMetrics(Collector):
             limit.add_metric([b.name], b.limit)
             evicted.add_metric([b.name], b.evictions)
         yield from (req, ign, drop, samples, rows, dup, again, colls, known, native, used, limit, evicted)
+        yield from self.rw.serving.collect()
 
 
 def _register_metrics(app: FastAPI, rw: Receiver) -> None:
@@ -151,5 +153,26 @@ def _register_metrics(app: FastAPI, rw: Receiver) -> None:
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # Mounted after the API part, whose lifespan creates the /metrics registry.
-    _register_metrics(app, receiver_for(app))
-    yield
+    rw = receiver_for(app)
+    _register_metrics(app, rw)
+    ticker = asyncio.create_task(_serving_ticks(rw))
+    try:
+        yield
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+        await rw.serving.flush()  # the serving minutes held: stored before the process goes
+
+
+async def _serving_ticks(rw: Receiver) -> None:
+    """Silent serving replicas' last minutes, and minutes a failed write kept, stored without
+    waiting for a body (serving.SWEEP_S apart)."""
+    from .serving import SWEEP_S
+
+    while True:
+        await asyncio.sleep(SWEEP_S)
+        try:
+            await rw.serving.tick()
+        except Exception:
+            log.exception("remote write: the serving tick failed")
