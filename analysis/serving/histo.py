@@ -7,11 +7,12 @@ bucket bound is read exactly; one between bounds is off by at most that bucket's
 requests (the truth is always inside ``attainment_range``).
 
 Linear stays on measurement, not by default: bench/serving/attainment_error.py scores monotone cubic
-(PCHIP) interpolation of the cumulative counts in latency and in log-latency, log-linear, and an
-in-bucket shape with its mean taken from ``_sum``, against the serving simulator's per-request truth
-across loads, seeds and four engines' bucket bounds. PCHIP in log-latency has the lowest mean error,
-but a higher worst case and is worse than linear by more than a point on about 5% of the readings;
-none is better everywhere (docs/serving.md, "How close the histogram numbers are to the truth").
+(PCHIP) interpolation of the cumulative counts in latency and in log-latency, log-linear, in-bucket
+shapes with their mean taken from ``_sum``, and linear clamped into what ``_sum`` proves, against the
+serving simulator's per-request truth across loads, seeds and four engines' bucket bounds. PCHIP in
+log-latency has the lowest mean error, but a higher worst case and is worse than linear by more than
+a point on about 5% of the readings; the clamped reading is never worse but gains almost nothing.
+None is better everywhere (docs/serving.md, "How close the histogram numbers are to the truth").
 """
 
 from __future__ import annotations

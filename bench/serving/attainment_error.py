@@ -258,8 +258,58 @@ def sum_maxent(h: Hist, x: float, fallback: Estimator = _pchip_log) -> float:
     return (lo + (hi - lo) * _maxent_cdf((x - a) / (b - a), m)) / h.count
 
 
+def sum_gated(h: Hist, x: float, gate: float = 0.1) -> float:
+    """``sum_maxent`` only where _sum pins the bucket's mean: the other buckets' counts can move it by
+    at most ``gate`` of the bucket's width (their means anywhere in their bounds); linear elsewhere."""
+    at = _locate(h, x)
+    if isinstance(at, float):
+        return at
+    k, a, b, lo, hi = at
+    if h.cum[-1] > h.cum[-2]:
+        return linear(h, x)
+    spread, lower, below = 0.0, 0.0, 0.0
+    for i, (bound, cum) in enumerate(zip(h.bounds[:-1], h.cum[:-1], strict=True)):
+        if i != k:
+            spread += (cum - below) * (bound - lower)
+        lower, below = bound, cum
+    if spread / (hi - lo) > gate * (b - a):
+        return linear(h, x)
+    return sum_maxent(h, x, linear)
+
+
+def mean_bounds(h: Hist, k: int) -> tuple[float, float]:
+    """What _sum proves about the mean of bucket k: the other buckets' observations lie inside their
+    bounds (the +Inf bucket's at least the last finite bound)."""
+    n_k = h.cum[k] - (h.cum[k - 1] if k else 0.0)
+    other_lo = other_hi = 0.0
+    lower, below = 0.0, 0.0
+    for i, (bound, cum) in enumerate(zip(h.bounds, h.cum, strict=True)):
+        n = cum - below
+        if i != k and n > 0:
+            other_lo += n * lower
+            other_hi += n * bound  # inf for a non-empty +Inf bucket
+        lower, below = bound, cum
+    return (h.sum - other_hi) / n_k, (h.sum - other_lo) / n_k
+
+
+def sum_clamped(h: Hist, x: float) -> float:
+    """Linear, clamped into what the bucket's mean (from _sum) proves by Markov's inequality on each
+    side: P(X > x) <= (mu - a) / (x - a) and P(X <= x) <= (b - mu) / (b - x)."""
+    at = _locate(h, x)
+    if isinstance(at, float):
+        return at
+    k, a, b, lo, hi = at
+    mu_lo, mu_hi = mean_bounds(h, k)
+    u = (x - a) / (b - a)
+    low = 1 - (mu_hi - a) / (x - a) if mu_hi < math.inf else 0.0
+    high = (b - mu_lo) / (b - x) if mu_lo > -math.inf else 1.0
+    frac = min(max(u, low, 0.0), high, 1.0)
+    return (lo + (hi - lo) * frac) / h.count
+
+
 CANDIDATES: dict[str, Estimator] = {"linear": linear, "log-linear": loglinear, "pchip": pchip_lin,
-                                    "pchip-log": _pchip_log, "sum-maxent": sum_maxent, "range midpoint": midpoint}
+                                    "pchip-log": _pchip_log, "sum-maxent": sum_maxent, "sum-gated": sum_gated,
+                                    "sum-clamped": sum_clamped, "range midpoint": midpoint}
 
 
 # --- scoring ---------------------------------------------------------------------------------------
