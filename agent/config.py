@@ -24,6 +24,7 @@ from gpufleet.pod_jobs import PodJobs
 GIB = 1024**3
 SOURCES = ("nvml", "dcgm-exporter", "simulator")
 ATTRIBUTORS = ("slurm", "kubernetes", "process")
+SERVING_PODS = ("off", "kubelet", "apiserver")
 
 
 def _default_spool() -> Path:
@@ -75,6 +76,13 @@ class AgentConfig:
     # serving engines' own metrics (docs/serving.md): rules as JSON, [{"job", "engine", "port", ...}]
     serving_rules: str | None = None
     serving_discover: bool = False  # probe the listening ports of the jobs' processes (Slurm, bare)
+    # the pods on this node and their gpufleet.io/serving-* annotations (agent/sources/kubelet_pods.py):
+    # off | kubelet (https://<node>:10250/pods) | apiserver (/api/v1/pods?fieldSelector=spec.nodeName=<node>)
+    serving_pods: str = "off"
+    serving_pods_url: str | None = None  # None: https://<node>:10250, or the in-cluster API server
+    serving_pods_token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    serving_pods_ca_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    serving_pods_insecure_skip_tls_verify: bool = False  # only when explicitly asked
     # delivery
     timeout_s: float = 10.0
     backoff_base_s: float = 1.0
@@ -109,6 +117,10 @@ class AgentConfig:
         if self.compress not in ("zstd", "gzip", "none"):
             raise ValueError(f"compress {self.compress!r}: use zstd, gzip or none")
         PodJobs(self.kubernetes_job_patterns)  # ValueError names the pattern and what is wrong
+        if self.serving_pods not in SERVING_PODS:
+            raise ValueError(f"serving_pods {self.serving_pods!r}: use one of {', '.join(SERVING_PODS)}")
+        if self.serving_pods_url is not None and not self.serving_pods_url.startswith(("http://", "https://")):
+            raise ValueError(f"serving_pods_url {self.serving_pods_url!r} must start with https:// (or http://)")
         if not self.collector_url.startswith(("http://", "https://")):
             raise ValueError(f"collector_url {self.collector_url!r} must start with http:// or https://")
 
@@ -161,6 +173,14 @@ FIELD_DOCS: dict[str, str] = {
                      "that port of the jobs on this node as a serving replica (docs/serving.md)",
     "serving_discover": "scrape the listening TCP ports of the jobs' GPU processes that answer as a serving "
                         "engine's `/metrics` (Slurm, bare processes; docs/serving.md)",
+    "serving_pods": "list this node's pods and scrape those annotated `gpufleet.io/serving-engine`: `off`, "
+                    "`kubelet` (its `/pods`; RBAC get `nodes/pods`) or `apiserver` (RBAC list `pods`; docs/serving.md)",
+    "serving_pods_url": "base URL the pods are listed from (unset: `https://<node>:10250` for `kubelet`, the "
+                        "in-cluster API server for `apiserver`)",
+    "serving_pods_token_file": "service-account bearer token sent when listing pods (read again on each listing)",
+    "serving_pods_ca_file": "CA that signed the kubelet's or API server's serving certificate",
+    "serving_pods_insecure_skip_tls_verify": "list pods without verifying the server's certificate (kubelets with "
+                                             "self-signed serving certificates; only when asked for)",
     "timeout_s": "HTTP timeout per push",
     "backoff_base_s": "first retry delay after a failed push (doubles up to backoff_max_s)",
     "backoff_max_s": "longest retry delay",

@@ -92,7 +92,7 @@ class Agent:
             self.metrics.watch_inspector(self.fabric.inspector)
         # inference engines' own metrics -> /api/v1/serving/minutes, in a spool of its own (docs/serving.md)
         self.serving: ServingSection | None = None
-        if config.serving_rules or config.serving_discover:
+        if config.serving_rules or config.serving_discover or config.serving_pods != "off":
             self.serving = ServingSection(config, metrics=self.metrics)
 
     # --- lifecycle -----------------------------------------------------------------------

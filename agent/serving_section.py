@@ -6,8 +6,10 @@ of its own (``<spool_dir>/serving``) with its own sender thread: a refused or un
 serving body never holds back a GPU batch, and a GPU outage never holds back serving minutes.
 A 4xx body is dead-lettered, never retried; records refused alone go to ``dead/refused.jsonl``.
 
-Targets: ``serving_rules`` (a configured port per job glob), and with ``serving_discover`` the
-listening TCP ports of each job's GPU processes whose ``/metrics`` names a known engine.
+Targets: with ``serving_pods``, the node's Running pods annotated ``gpufleet.io/serving-engine``
+(listed from the kubelet or the API server, agent/sources/kubelet_pods.py); ``serving_rules`` (a
+configured port per job glob) for the jobs no annotated pod names; and with ``serving_discover``
+the listening TCP ports of each remaining job's GPU processes whose ``/metrics`` names a known engine.
 """
 
 from __future__ import annotations
@@ -21,13 +23,21 @@ from typing import Any
 
 import httpx
 
+from gpufleet.pod_jobs import PodJobs
 from gpufleet.serving_expo import ExpositionError, parse_exposition
 from gpufleet.serving_metrics import serving_registry
 
 from .config import AgentConfig
 from .sender import Sender
 from .sources.base import GpuReading
-from .sources.serving_scrape import ServingScraper, ServingTarget, listening_ports, targets_from_config
+from .sources.kubelet_pods import PodLister
+from .sources.serving_scrape import (
+    ServingScraper,
+    ServingTarget,
+    listening_ports,
+    targets_from_config,
+    targets_from_node_pods,
+)
 from .spool import SpoolItem
 
 log = logging.getLogger(__name__)
@@ -115,6 +125,14 @@ class ServingSection:
         self.sender = ServingSender(self.spool, config.collector_url, token=config.token, timeout_s=config.timeout_s,
                                     backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s,
                                     retry_after_max_s=config.retry_after_max_s, metrics=metrics)
+        self.pods: PodLister | None = None
+        if config.serving_pods != "off":
+            self.pods = PodLister(config.serving_pods, config.node, base_url=config.serving_pods_url,
+                                  token_file=config.serving_pods_token_file, ca_file=config.serving_pods_ca_file,
+                                  insecure_skip_tls_verify=config.serving_pods_insecure_skip_tls_verify,
+                                  timeout_s=FETCH_TIMEOUT_S, retry_s=TARGETS_TTL_S)
+        self.pod_jobs = PodJobs(config.kubernetes_job_patterns)  # the attribution's naming of a pod's job
+        self.pods_skipped: list[str] = []  # annotated pods not scraped, and why
         self._targets_at = -1e18
         self._jobs: frozenset[str] = frozenset()
         self._gpu_job: dict[str, str] = {}
@@ -127,7 +145,15 @@ class ServingSection:
 
     def targets(self, gpu_job: dict[str, str], readings: list[GpuReading]) -> list[ServingTarget]:
         jobs = sorted(set(gpu_job.values()))
-        out = targets_from_config(self.rules, jobs)
+        out: list[ServingTarget] = []
+        if self.pods is not None:  # a failed listing: recorded per endpoint, the last good one used
+            out, self.pods_skipped = targets_from_node_pods(self.pods.current(), jobs, self.pod_jobs)
+            if self.pods.error is None:
+                self.scraper.errors.pop(self.pods.url, None)
+            else:
+                self.scraper.errors[self.pods.url] = self.pods.error
+        annotated = {t.replica for t in out}
+        out += targets_from_config(self.rules, [j for j in jobs if j not in annotated])
         if self.discover:
             named = {t.replica for t in out}
             for job in jobs:

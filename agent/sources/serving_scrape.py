@@ -7,7 +7,9 @@ Which endpoint belongs to which replica, three ways:
   ``http://<podIP>:<gpufleet.io/serving-port or prometheus.io/port>/<…path, default /metrics>``;
   its deployment is ``gpufleet.io/deployment`` (else the ``app.kubernetes.io/name`` or ``app``
   label, else the pod name without its ReplicaSet hashes); ``gpufleet.io/slo-*`` annotations set
-  the deployment's SLO (docs/serving.md).
+  the deployment's SLO (docs/serving.md). The agent lists the node's pods from the kubelet or the
+  API server (agent/sources/kubelet_pods.py) and keeps the Running ones whose GPUs the
+  attribution gives a job on this node (``targets_from_node_pods``).
 * A configured port per workload (``targets_from_config``): ``{"job": glob on the job id, "engine",
   "port", "path"?, "deployment"?}`` for jobs the attribution found on this node.
 * On Slurm (or any bare process), the serving process's own port (``listening_ports``): the TCP
@@ -20,13 +22,15 @@ or hand them in. Pure folding lives in gpufleet/serving_expo.py.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.pod_jobs import PodJobs
 from gpufleet.serving_expo import ExpositionError, MinuteFolder, measures_to_json, parse_exposition, snapshot
 from gpufleet.serving_metrics import serving_registry
 
@@ -71,7 +75,44 @@ def targets_from_pods(pods: Iterable[Mapping[str, Any]]) -> tuple[list[ServingTa
         deployment = (ann.get(ANNOTATION_DEPLOYMENT) or labels.get("app.kubernetes.io/name") or labels.get("app")
                       or _HASHES.sub("", name))
         slo = tuple(sorted((k, str(v)) for k, v in ann.items() if k.startswith(SLO_PREFIX)))
-        out.append(ServingTarget(str(deployment), f"{ns}/{name}", engine, f"http://{ip}:{port}{path}", slo))
+        host = f"[{ip}]" if ":" in str(ip) else ip  # an IPv6 pod IP
+        out.append(ServingTarget(str(deployment), f"{ns}/{name}", engine, f"http://{host}:{port}{path}", slo))
+    return out, skipped
+
+
+def targets_from_node_pods(pods: Iterable[Mapping[str, Any]], jobs: Collection[str],
+                           pod_jobs: PodJobs) -> tuple[list[ServingTarget], list[str]]:
+    """Targets of this node's Running annotated pods whose GPUs the attribution gives a job here.
+
+    The replica is named as the Kubernetes attribution names the pod's job
+    (agent/attribution/kubernetes.py): ``<namespace>/<pod>``, or the group a PyTorchJob's or
+    JobSet's pods share (gpufleet/pod_jobs.py), or ``pod-uid/<uid>`` when the attribution found
+    the pod only by its UID. So the replica's GPUs are that job's GPUs on this node. One replica per
+    job: a second annotated pod of a grouped job is skipped, with the reason. A grouped pod with no
+    deployment annotation or label is in the deployment named after its group."""
+    running = sorted((p for p in pods if (p.get("status") or {}).get("phase") == "Running"),
+                     key=lambda p: (str((p.get("metadata") or {}).get("namespace", "default")),
+                                    str((p.get("metadata") or {}).get("name", ""))))
+    uids = {f"{m.get('namespace', 'default')}/{m.get('name', '')}": m.get("uid")
+            for m in ((p.get("metadata") or {}) for p in running)}
+    targets, skipped = targets_from_pods(running)
+    out: list[ServingTarget] = []
+    seen: dict[str, str] = {}
+    for t in targets:
+        ns, name = t.replica.split("/", 1)
+        info = pod_jobs.job(ns, name)
+        named = info.job_id
+        uid = uids.get(t.replica)
+        job = next((j for j in (named, f"pod-uid/{uid}" if uid else None) if j is not None and j in jobs), None)
+        if job is None:
+            skipped.append(f"{t.replica}: no GPU on this node is attributed to its job {named}")
+        elif job in seen:
+            skipped.append(f"{t.replica}: its job {job} is scraped already, from {seen[job]} (one replica per job)")
+        else:
+            seen[job] = t.replica
+            grouped = job == named and info.name != name  # a deployment named after one of its pods: the group
+            deployment = info.name if grouped and t.deployment == _HASHES.sub("", name) else t.deployment
+            out.append(dataclasses.replace(t, replica=job, deployment=str(deployment)))
     return out, skipped
 
 

@@ -29,7 +29,8 @@ def test_every_setting_has_an_env_twin() -> None:
     for f in dataclasses.fields(AgentConfig):
         env[env_name(f.name)] = {"collector_url": "http://x:1", "attributors": "slurm,process", "source": "nvml",
                                  "compress": "gzip", "metrics_addr": "127.0.0.1",
-                                 "kubernetes_job_patterns": "none"}.get(f.name, "")
+                                 "kubernetes_job_patterns": "none", "serving_pods": "kubelet",
+                                 "serving_pods_url": "https://10.0.2.15:10250"}.get(f.name, "")
     # Fill the rest with values of the right type and check each one lands.
     samples = {int: "7", float: "11.5", bool: "false", Path: "/tmp/x", str: "abc"}
     hints = AgentConfig.__annotations__
@@ -51,6 +52,7 @@ def test_every_setting_has_an_env_twin() -> None:
     assert cfg.token == "abc" and cfg.node == "abc"
     assert cfg.fsync is False and cfg.spool_dir == Path("/tmp/x")
     assert cfg.kubernetes_job_patterns == ("none",)
+    assert cfg.serving_pods == "kubelet" and cfg.serving_pods_url == "https://10.0.2.15:10250"
 
 
 def test_token_env_twin_and_bad_values() -> None:

@@ -78,6 +78,9 @@ BROKEN = [
     ("config.kubernetesJobPatterns", ["^(?P<job>a-.+)-\\d+$,^b$"]),  # a comma would split it in two
     ("config.kubernetesJobPatterns", "^(?P<job>a-.+)-\\d+$"),  # a list, not one string
     ("worker.concurrency", -1),
+    ("agent.servingPods", {"enabled": True, "from": "etcd"}),
+    ("agent.servingPods", {"enabled": True, "kubeletPort": 0}),
+    ("agent.servingPods", {"enabled": True, "url": "10.0.2.15:10250"}),
     ("server.typo", 1),
     ("unknownTopLevel", {}),
 ]
@@ -119,7 +122,7 @@ def test_helm_lint() -> None:
 
 EVERYTHING_ON = [*REQUIRED, "grafana.dashboards.enabled=true", "grafana.datasource.enabled=true",
                  "grafana.datasource.host=db", "config.alertRules=rules: []", "config.catalog=[fields]",
-                 "agent.slurm.enabled=true"]
+                 "agent.slurm.enabled=true", "agent.servingPods.enabled=true"]
 EXISTING_SECRET = ["secrets.existingSecret=mine", "secrets.existingSecretHasAlertRules=true",
                    "server.autoscaling.enabled=false", "server.podDisruptionBudget.enabled=false",
                    "agent.runtimeClassName=", "serviceAccount.create=false"]
@@ -134,8 +137,8 @@ def test_rendered_manifests_validate_against_kubernetes_schemas(kube: str, sets:
     assert {"DaemonSet", "Deployment", "Job", "Service"} <= {d["kind"] for d in docs}
     if sets is EVERYTHING_ON:
         assert sorted({d["kind"] for d in docs}) == [
-            "ConfigMap", "DaemonSet", "Deployment", "HorizontalPodAutoscaler", "Job", "PodDisruptionBudget",
-            "Secret", "Service", "ServiceAccount"]
+            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "HorizontalPodAutoscaler",
+            "Job", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"]
     for d in docs:
         kv.validate(d, kube, strict=True)
 
@@ -177,6 +180,57 @@ def test_the_pod_log_mount_can_be_left_out() -> None:
     assert "pod-logs" not in {v["name"] for v in pod["volumes"]}
     assert "GPUFLEET_POD_LOG_DIR" not in {e["name"] for e in c["env"]}
     assert "/host/pod-logs" not in {m["mountPath"] for m in c["volumeMounts"]}
+
+
+@needs_helm
+def test_serving_pods_switch_token_rbac_and_settings() -> None:
+    """agent.servingPods: off by default (no token, no ClusterRole); on, the agent pod gets the
+    service account's token, a ClusterRole with what the listing needs bound to that account, and
+    settings the agent accepts (agent/sources/kubelet_pods.py, docs/serving.md)."""
+    from gpufleet.agent.config import load_config
+
+    def agent_of(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        pod = _kind(docs, "DaemonSet")["spec"]["template"]["spec"]
+        return pod, pod["containers"][0]["env"]
+
+    off = _render()
+    pod, env = agent_of(off)
+    assert pod["automountServiceAccountToken"] is False
+    assert not [d for d in off if d["kind"].startswith("ClusterRole")]
+    assert not [e for e in env if "SERVING_PODS" in e["name"]]
+
+    docs = _render(sets=[*REQUIRED, "agent.servingPods.enabled=true"])
+    pod, env = agent_of(docs)
+    assert pod["automountServiceAccountToken"] is True
+    names = [e["name"] for e in env]
+    by_name = {e["name"]: e for e in env}
+    # $(HOST_IP) is expanded only from a variable defined before it
+    assert names.index("HOST_IP") < names.index("GPUFLEET_SERVING_PODS_URL")
+    assert by_name["HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert by_name["GPUFLEET_SERVING_PODS_URL"]["value"] == "https://$(HOST_IP):10250"
+    assert by_name["GPUFLEET_NODE"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    role, binding = _kind(docs, "ClusterRole"), _kind(docs, "ClusterRoleBinding")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes/pods"], "verbs": ["get"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": "gpu"}]
+    # what the agent makes of the rendered settings, with the kubelet's substitution done
+    values = {e["name"]: e["value"].replace("$(HOST_IP)", "10.0.2.15") for e in env
+              if e["name"].startswith("GPUFLEET_") and "value" in e}
+    cfg = load_config(None, values | {"GPUFLEET_NODE": "gpu-node-7"})
+    assert (cfg.serving_pods, cfg.serving_pods_url, cfg.serving_pods_insecure_skip_tls_verify) == (
+        "kubelet", "https://10.0.2.15:10250", False)
+
+    old = _render(sets=[*REQUIRED, "agent.servingPods.enabled=true", "agent.servingPods.nodesProxy=true",
+                        "agent.servingPods.insecureSkipTLSVerify=true"])
+    assert [r["resources"] for r in _kind(old, "ClusterRole")["rules"]] == [["nodes/pods"], ["nodes/proxy"]]
+    assert {e["name"]: e.get("value") for e in agent_of(old)[1]}[
+        "GPUFLEET_SERVING_PODS_INSECURE_SKIP_TLS_VERIFY"] == "true"
+
+    api = _render(sets=[*REQUIRED, "agent.servingPods.enabled=true", "agent.servingPods.from=apiserver"])
+    assert _kind(api, "ClusterRole")["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    env = {e["name"]: e.get("value") for e in agent_of(api)[1]}
+    assert env["GPUFLEET_SERVING_PODS"] == "apiserver"
+    assert "HOST_IP" not in env and "GPUFLEET_SERVING_PODS_URL" not in env  # the in-cluster API server
 
 
 @needs_helm
