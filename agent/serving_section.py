@@ -147,7 +147,10 @@ class ServingSection:
         jobs = sorted(set(gpu_job.values()))
         out: list[ServingTarget] = []
         if self.pods is not None:  # a failed listing: recorded per endpoint, the last good one used
-            out, self.pods_skipped = targets_from_node_pods(self.pods.current(), jobs, self.pod_jobs)
+            out, skipped = targets_from_node_pods(self.pods.current(), jobs, self.pod_jobs)
+            for why in sorted(set(skipped) - set(self.pods_skipped)):  # once, when it starts
+                log.info("annotated pod not scraped: %s", why)
+            self.pods_skipped = skipped
             if self.pods.error is None:
                 self.scraper.errors.pop(self.pods.url, None)
             else:
