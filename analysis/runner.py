@@ -33,7 +33,8 @@ from .ledger import fold_progress_only, progress_only_gpus
 from .progress.flags import progress_jobs, run_progress_pass, store_progress_shares
 from .progress.load import job_allocation, load_windows
 from .report import JobAnalysis, JobMeta, analyze
-from .serving.flags import is_serving_scope, run_serving_pass
+from .serving.flags import WINDOW_S as SERVING_RECENT_S
+from .serving.flags import is_serving_scope, job_serving_cells, run_serving_pass, serving_jobs, store_serving_shares
 from .state import CACHE, JobState, StateCache
 from .workload import classify
 
@@ -72,9 +73,10 @@ def _close_stale(engine: Engine, now: float) -> int:
 
 
 def due_jobs(conn: Connection, now: float | None = None) -> list[int]:
-    """Jobs with samples newer than their report, never analyzed, or ended with open flags; and
-    the progress pass's jobs no GPU sample reached (their ledger is their progress's, refolded
-    while their progress is recent: ``now``, default the clock)."""
+    """Jobs with samples newer than their report, never analyzed, or ended with open flags; the
+    progress pass's jobs no GPU sample reached (their ledger is their progress's, refolded
+    while their progress is recent: ``now``, default the clock); and serving replicas' jobs with
+    recent replica-minutes (their ledger's serving view, docs/serving.md "Ledger")."""
     j, r, f = Job.__table__, JobReport.__table__, Flag.__table__
     open_flags = exists().where(f.c.job_pk == j.c.id, f.c.open.is_(True))
     q = (select(j.c.id).select_from(j.outerjoin(r, r.c.job_pk == j.c.id))
@@ -84,11 +86,14 @@ def due_jobs(conn: Connection, now: float | None = None) -> list[int]:
          .order_by(j.c.id))
     due = list(conn.execute(q).scalars())
     seen = set(due)
-    pks = [pk for pk in progress_jobs(conn, time.time() if now is None else now) if pk not in seen]
+    now = time.time() if now is None else now
+    pks = [pk for pk in progress_jobs(conn, now) if pk not in seen]
     if pks:
         due = sorted(due + list(conn.execute(select(j.c.id).where(j.c.id.in_(pks), j.c.last_sample_ts.is_(None)))
                                 .scalars()))
-    return due
+    seen = set(due)
+    replicas = [pk for pk in serving_jobs(conn, now - SERVING_RECENT_S) if pk not in seen]
+    return sorted(due + replicas) if replicas else due
 
 
 def run_analysis(engine: Engine, *, now: float | None = None, job_pks: list[int] | None = None,
@@ -255,8 +260,10 @@ def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache:
         events = _events(conn, {p: i for i, p in enumerate(st.gpu_pks)}, st.first_ts, st.last_ts or st.first_ts)
         fabric = load_fabric(conn, job_pk)  # NCCL collectives and NICs (docs/nccl.md)
         progress = load_windows(conn, job_pk)  # the job's own progress, folded into its ledger
+        span = [x for x in (job["start_ts"], st.first_ts, job["end_ts"], st.last_ts) if x is not None]
+        serving = job_serving_cells(conn, job_pk, min(span), max(span) + 60)  # a replica's requests, likewise
         res = analyze(meta, st.feats, st.hist(), th=th, events=events, first_ts=st.first_ts, last_ts=st.last_ts,
-                      fabric=fabric, progress=progress or None)
+                      fabric=fabric, progress=progress or None, serving=serving or None)
         s.jobs_analyzed += 1
         analyzed_until = float(st.last_ts or 0.0)
         if not running and job["end_ts"] is not None:
@@ -265,8 +272,8 @@ def _analyze_one(engine: Engine, job_pk: int, now: float, th: Thresholds, cache:
         if changed and res.ledger is not None:  # the ledger per job-minute, beside its report
             write_job_ledger(conn, job_pk, res.ledger.grid.b0, res.ledger.per_minute())
         changed |= _sync_flags(conn, job_pk, res, now, s)
-        if changed:  # the progress flags' waste is their share of this ledger and these flags
-            changed |= 2 if store_progress_shares(conn, job_pk) else 0
+        if changed:  # the progress and serving flags' waste is their share of this ledger and these flags
+            changed |= 2 if store_progress_shares(conn, job_pk) + store_serving_shares(conn, job_pk) else 0
         if changed:
             s.reports_written += 1 if changed & 1 else 0
             s.job_pks_changed.append(job_pk)

@@ -267,6 +267,10 @@ class FleetSummary(BaseModel):
     window: dict[str, float | None]
     wasted_gpu_hours: dict[str, float | None] = Field(description="cause (flag kind) -> GPU-hours in the window")
     wasted_gpu_hours_total: float | None = None
+    wasted_by_workload: dict[str, dict[str, Any]] | None = Field(
+        None, description="the ledger's waste split by workload: 'serving' (jobs with serving replica-minutes in "
+                          "the window) and 'training' (every other job), each with jobs, allocated_gpu_hours, "
+                          "productive_gpu_hours, wasted_gpu_hours_total and wasted_gpu_hours (by cause)")
     allocated_gpu_hours: float | None = Field(None, description="GPU-hours allocated to jobs in the window: the "
                                               "denominator of wasted_gpu_hours_total")
     open_flags: dict[str, int]

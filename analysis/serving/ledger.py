@@ -6,12 +6,24 @@ the replica's GPU-seconds is ``productive``; the rest is badput of the serving k
 it: a minute without requests is the idle replica's, a minute with requests outside the SLO is the
 missed SLO's. A minute whose engine exported no requests or latencies is ``unobserved`` (unknown is
 not zero). The categories are the flag kinds' names, as the ledger's hardware categories are.
-Hooking it into analysis/ledger.py is the ledger's business; this only answers per minute.
+
+``serving_cells`` turns a job's replica-minutes into the ledger's ``ServingCell``s, which
+analysis/ledger.py folds as the application's own view of the replica's GPU-minutes (the
+runner reads them per job: analysis/serving/flags.py ``job_serving_cells``). Where an
+``overprovisioned_deployment`` flag's episode covers a minute, the share of the replica's served
+GPU-seconds the deployment did not need (1 - needed_gpus / gpus, the flag's evidence) is that
+kind's instead of productive: the requests were served, but by GPUs the load did not need.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..ledger import ServingCell
 from .detectors.idle_replica import KIND as IDLE_REPLICA
+from .detectors.overprovisioned_deployment import KIND as OVERPROVISIONED
 from .detectors.slo_missed import KIND as SLO_MISSED
 from .histo import attainment
 from .measures import ServingMinute, goodput_bounds, tpot_hist
@@ -45,4 +57,42 @@ def serving_ledger_minute(m: ServingMinute, slo: Slo, idle_requests_per_minute: 
     out = {PRODUCTIVE: gpu_s * good}
     if good < 1.0:
         out[SLO_MISSED] = gpu_s * (1.0 - good)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Surplus:
+    """An ``overprovisioned_deployment`` flag's episode: [start_ts, end_ts) of ``deployment``
+    held ``share`` of its replicas' GPU time beyond what the load needed."""
+
+    deployment: str
+    start_ts: float
+    end_ts: float
+    share: float
+
+    @classmethod
+    def of(cls, deployment: str, start_ts: float, end_ts: float, evidence: Mapping[str, Any]) -> Surplus | None:
+        """From a stored flag's evidence (``gpus``, ``needed_gpus``); None when they are not numbers."""
+        gpus, needed = evidence.get("gpus"), evidence.get("needed_gpus")
+        if not isinstance(gpus, int | float) or not isinstance(needed, int | float) or not gpus > 0:
+            return None
+        share = min(1.0, max(0.0, 1.0 - float(needed) / float(gpus)))
+        return cls(deployment, float(start_ts), float(end_ts), share) if share > 0 else None
+
+
+def serving_cells(minutes: Sequence[tuple[ServingMinute, Sequence[str] | None]], slo_of: Mapping[str, Slo],
+                  surplus: Sequence[Surplus] = ()) -> list[ServingCell]:
+    """The ledger cells of a job's replica-minutes (each with the GPUs it names); ``slo_of``:
+    deployment -> its SLO; ``surplus``: the over-provisioning episodes on the job."""
+    out = []
+    for m, uuids in minutes:
+        split = serving_ledger_minute(m, slo_of[m.deployment])
+        over = max((s.share for s in surplus
+                    if s.deployment == m.deployment and s.start_ts <= m.minute < s.end_ts), default=0.0)
+        if over > 0 and split.get(PRODUCTIVE, 0.0) > 0:
+            split[OVERPROVISIONED] = split[PRODUCTIVE] * over
+            split[PRODUCTIVE] *= 1.0 - over
+        split.pop(UNOBSERVED, None)  # the replica's telemetry decides a minute its engine did not show
+        if split:
+            out.append(ServingCell(m.minute, tuple(uuids or ()), split))
     return out

@@ -82,7 +82,7 @@ def fleet_summary(session: Session, *, window_s: float, cluster: str | None = No
 
     # Waste by cause: the stored ledger's minutes inside the window, the numbers of
     # GET /api/v1/fleet/ledger for the same range (a flag's span says nothing of its minutes).
-    by_cause, wasted_total, ledger_users = fleet_waste(session, start=since, end=t_end, cluster=cluster)
+    by_cause, wasted_total, ledger_users, by_workload = fleet_waste(session, start=since, end=t_end, cluster=cluster)
     fq = (select(Flag.severity).join(Job, Job.id == Flag.job_pk).join(Cluster, Cluster.id == Job.cluster_id)
           .where(Flag.open.is_(True)))
     if cluster:
@@ -131,6 +131,7 @@ def fleet_summary(session: Session, *, window_s: float, cluster: str | None = No
                    "gpu_hours": clean((w_minutes or 0) / 60)},
         "wasted_gpu_hours": {k: clean(v) for k, v in sorted(by_cause.items(), key=lambda kv: -kv[1])},
         "wasted_gpu_hours_total": clean(wasted_total),
+        "wasted_by_workload": by_workload,
         "open_flags": dict(open_by_sev),
         "top_jobs": top_jobs,
         "top_users": top_users,

@@ -12,8 +12,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpufleet.analysis.flag_shares import progress_flag_shares
+from gpufleet.analysis.flag_shares import progress_flag_shares, serving_flag_shares
 from gpufleet.analysis.ledger import PRODUCTIVE, UNOBSERVED, add_totals, categories, summary
+from gpufleet.analysis.serving.flags import serving_jobs
 from gpufleet.settings import CostSettings
 from gpufleet.storage.gpu_ledger import GpuLedgerMinute
 from gpufleet.storage.models import Cluster, Flag, Job, JobReport
@@ -75,9 +76,14 @@ def job_ledger(session: Session, job: Job, cluster: str, cost: CostSettings, ste
     out = _summary({cluster: dict(totals)}, cost, failures=int(led.get("failures") or 0),
                    wall_s=float(led.get("wall_hours") or 0.0) * 3600)
     rows_f = list(session.execute(select(Flag).where(Flag.job_pk == job.id).order_by(Flag.id)).scalars())
-    # A progress flag's share (analysis/flag_shares.py): what the runner and the progress pass
-    # store in flags.wasted_gpu_hours, derived here from the same rows; a hardware flag's is the fold's.
+    # A progress or serving flag's share (analysis/flag_shares.py): what the runner and the progress
+    # and serving passes store in flags.wasted_gpu_hours, derived here from the same rows; a
+    # hardware flag's is the fold's.
     shares = progress_flag_shares(totals, ((f.kind, f.scope, f.wasted_gpu_hours) for f in rows_f))
+    # A serving flag's: its kind's seconds in its episode's minutes (what the runner and the serving pass store).
+    shares.update(serving_flag_shares(((int(m), str(c), float(v)) for m, c, v in rows),
+                                      ((f.kind, f.scope, float(f.start_ts or 0.0), float(f.end_ts or 0.0))
+                                       for f in rows_f)))
     flags = [{"kind": f.kind, "scope": f.scope, "severity": f.severity, "open": bool(f.open),
               "wasted_gpu_hours": round(shares.get((f.kind, f.scope), float(f.wasted_gpu_hours or 0.0)), 4)}
              for f in rows_f]
@@ -121,15 +127,22 @@ def _fleet_rows(session: Session, start: float, end: float, cluster: str | None)
     return per_job, info, job_ids, dict(fleet)
 
 
+def _waste(totals: dict[str, float]) -> tuple[dict[str, Any], dict[str, float]]:
+    out = summary(totals)
+    return out, {k: v for k, v in out["categories"].items() if k not in (PRODUCTIVE, UNOBSERVED)}
+
+
 def fleet_waste(session: Session, *, start: float, end: float, cluster: str | None
-                ) -> tuple[dict[str, float], float, list[dict[str, Any]]]:
-    """Wasted GPU-hours over [start, end) by cause, in total, and per user (most wasted first):
-    the numbers of ``GET /api/v1/fleet/ledger`` for the same range (its ``total.categories`` less
-    productive and unobserved, ``total.wasted_gpu_hours``, and ``group_by=user``'s groups), for
-    the fleet summary, so its users add up to its total."""
+                ) -> tuple[dict[str, float], float, list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Wasted GPU-hours over [start, end) by cause, in total, per user (most wasted first) and
+    per workload: the numbers of ``GET /api/v1/fleet/ledger`` for the same range (its
+    ``total.categories`` less productive and unobserved, ``total.wasted_gpu_hours``, and
+    ``group_by=user``'s groups), for the fleet summary, so its users add up to its total.
+    Workloads: ``serving`` (the jobs with a serving replica-minute in the range) and
+    ``training`` (every other job); each with its jobs, allocated and wasted GPU-hours by cause,
+    adding up to the total."""
     per_job, info, _, fleet = _fleet_rows(session, start, end, cluster)
-    out = summary(add_totals(fleet.values()))
-    by_cause = {k: v for k, v in out["categories"].items() if k not in (PRODUCTIVE, UNOBSERVED)}
+    out, by_cause = _waste(add_totals(fleet.values()))
     per_user: dict[str | None, list[dict[str, float]]] = defaultdict(list)
     for pk, tot in per_job.items():
         per_user[info.get(pk, (None, None, None, "?"))[0]].append(tot)
@@ -139,7 +152,14 @@ def fleet_waste(session: Session, *, start: float, end: float, cluster: str | No
         users.append({"user": user, "wasted_gpu_hours": u["wasted_gpu_hours"],
                       "allocated_gpu_hours": u["allocated_gpu_hours"], "jobs": len(tots)})
     users.sort(key=lambda u: (-float(u["wasted_gpu_hours"] or 0.0), str(u["user"])))
-    return by_cause, float(out["wasted_gpu_hours"]), users
+    replicas = set(serving_jobs(session, start, end, cluster)) & set(per_job)
+    workloads: dict[str, dict[str, Any]] = {}
+    for name, pks in (("training", [pk for pk in per_job if pk not in replicas]), ("serving", sorted(replicas))):
+        w, causes = _waste(add_totals(per_job[pk] for pk in pks))
+        workloads[name] = {"jobs": len(pks), "allocated_gpu_hours": w["allocated_gpu_hours"],
+                           "productive_gpu_hours": w["productive_gpu_hours"],
+                           "wasted_gpu_hours_total": w["wasted_gpu_hours"], "wasted_gpu_hours": causes}
+    return by_cause, float(out["wasted_gpu_hours"]), users, workloads
 
 
 def fleet_ledger(session: Session, *, group_by: str, start: float, end: float, cluster: str | None,

@@ -5,6 +5,7 @@ never claim one second, and the score stays in [0, 1]."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,12 +14,14 @@ from gpufleet.analysis.ledger import (
     UNOBSERVED,
     Claim,
     Grid,
+    ServingCell,
     add_totals,
     categories,
     fold,
     parse_categories,
     precedence,
     progress_minutes,
+    serving_minutes_grid,
     summary,
 )
 from gpufleet.analysis.progress.model import Window
@@ -54,7 +57,20 @@ def jobs(draw: st.DrawFn) -> tuple[Grid, np.ndarray, list[Claim], np.ndarray, di
     if draw(st.booleans()):
         causes = [PRODUCTIVE, *categories().progress]
         progress = {c: rng.uniform(0, 40, (g, m)) * (rng.random((g, m)) < 0.4) for c in causes}
+    if draw(st.booleans()):  # a serving replica too (or instead): its minutes decide the GPU-minutes they cover
+        served = {c: rng.uniform(0, 45, (g, m)) * (rng.random((g, m)) < 0.5)
+                  for c in (PRODUCTIVE, *categories().serving)}
+        progress = {**(progress or {}), **{f"serving:{k}": v for k, v in served.items()}}
     return grid, observed, claims, idle, progress
+
+
+def _split(progress: dict[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray] | None, dict[str, np.ndarray] | None]:
+    """The strategy's application view as (progress, serving)."""
+    if not progress:
+        return progress, None
+    serving = {k.removeprefix("serving:"): v for k, v in progress.items() if k.startswith("serving:")}
+    rest = {k: v for k, v in progress.items() if not k.startswith("serving:")}
+    return rest or None, serving or None
 
 
 def _check(grid: Grid, claims: list[Claim], led_totals: dict[str, float], flag_s: list[float],
@@ -81,10 +97,16 @@ def _check(grid: Grid, claims: list[Claim], led_totals: dict[str, float], flag_s
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs())
 def test_every_allocated_second_lands_once(job: tuple) -> None:
-    grid, observed, claims, idle, progress = job
-    led = fold(grid, observed, claims, idle=idle, progress=progress)
+    grid, observed, claims, idle, view = job
+    progress, serving = _split(view)
+    led = fold(grid, observed, claims, idle=idle, progress=progress, serving=serving)
     totals = led.totals()
     _check(grid, claims, totals, led.flag_s, led.allocated_s)
+    if serving and not any(c.stopped is not None and c.severity == "critical" for c in claims):
+        # No claim takes a serving cause: every second of it the serving view gave stays (up to the
+        # scaling of a GPU-minute given more than its allocated seconds).
+        for k in categories().serving:
+            assert totals.get(k, 0.0) <= float(serving[k].sum()) + 1e-6
     s = summary(totals, failures=1, wall_s=600.0, price=2.0)
     for k in ("goodput", "ettr", "coverage"):
         assert s[k] is None or 0.0 <= s[k] <= 1.0
@@ -230,12 +252,55 @@ def test_a_serving_replica_decides_like_progress() -> None:
     grid = Grid.of(0.0, 60.0, 1)
     served = {PRODUCTIVE: np.array([[45.0]]), "slo_missed": np.array([[15.0]])}
     led = fold(grid, np.full((1, 1), 60.0), [Claim("throttled", "", "warning", np.full((1, 1), 0.5))],
-               progress=served)
-    assert led.totals() == {PRODUCTIVE: 45.0, "slo_missed": 15.0}
-    bad = "productive = \"productive\"\nunobserved = \"unobserved\"\n[flags]\nx = [\"nope\"]\n"
-    try:
-        parse_categories(bad)
-    except ValueError as e:
-        assert "nope" in str(e)
-    else:
-        raise AssertionError("an unknown category in [flags] must be refused")
+               serving=served)
+    assert led.totals() == {PRODUCTIVE: 45.0, "slo_missed": 15.0} and led.flag_s == [0.0]
+    with pytest.raises(ValueError, match="nope"):  # an unknown category in [flags]
+        parse_categories("productive = \"productive\"\nunobserved = \"unobserved\"\n[flags]\nx = [\"nope\"]\n")
+
+
+def test_a_stopping_fault_takes_the_serving_causes_on_the_gpus_it_stopped() -> None:
+    """2 GPUs x 2 minutes of a replica: GPU 0 faults (critical hw_fault) from minute 1. There
+    the requests served within the SLO stay productive; the idle and missed seconds are the
+    fault's. GPU 1 and minute 0 stay the serving view's; telemetry-only seconds (GPU 1, minute 1
+    has no serving minute) go by the claims."""
+    grid = Grid.of(0.0, 120.0, 2)
+    observed = np.full((2, 2), 60.0)
+    stopped = np.zeros((2, 2), dtype=bool)
+    stopped[0, 1] = True
+    served = {PRODUCTIVE: np.array([[30.0, 20.0], [50.0, 0.0]]),
+              "slo_missed": np.array([[30.0, 10.0], [10.0, 0.0]]),
+              "idle_replica": np.array([[0.0, 30.0], [0.0, 0.0]])}
+    claims = [Claim("hw_fault", "GPU-0", "critical", None, stopped, "gpu"),
+              Claim("throttled", "", "warning", np.full((2, 2), 0.5))]
+    led = fold(grid, observed, claims, idle=np.zeros((2, 2), dtype=bool), serving=served)
+    t = led.totals()
+    assert t["hw_fault"] == 40.0 and led.flag_s[0] == 40.0  # GPU 0 minute 1: 10 missed + 30 idle
+    assert t["slo_missed"] == 40.0 and "idle_replica" not in t
+    assert t["throttled"] == 30.0 and led.flag_s[1] == 30.0  # half of GPU 1's telemetry-only minute
+    assert t[PRODUCTIVE] == 30.0 + 20.0 + 50.0 + 30.0
+    assert abs(sum(t.values()) - led.allocated_s) < 1e-9
+
+
+def test_serving_minutes_land_on_the_gpus_they_name() -> None:
+    grid = Grid.of(600.0, 780.0, 3)
+    uuids = ["g0", "g1", "g2"]
+    cells = [ServingCell(600, ("g1", "g2"), {PRODUCTIVE: 90.0, "slo_missed": 30.0, UNOBSERVED: 5.0}),
+             ServingCell(660, (), {"idle_replica": 180.0}),  # names no GPU: spread over the job's
+             ServingCell(660, ("gX",), {PRODUCTIVE: 30.0}),  # a GPU the job does not hold: spread too
+             ServingCell(9_000, ("g0",), {PRODUCTIVE: 60.0})]  # outside the allocation
+    out = serving_minutes_grid(cells, grid, uuids)
+    assert set(out) == {PRODUCTIVE, "slo_missed", "idle_replica"}
+    assert out[PRODUCTIVE][:, 0].tolist() == [0.0, 45.0, 45.0] and out["slo_missed"][:, 0].tolist() == [0, 15, 15]
+    assert out["idle_replica"][:, 1].tolist() == [60.0] * 3 and out[PRODUCTIVE][:, 1].tolist() == [10.0] * 3
+    led = fold(grid, np.zeros((3, 3)), serving=out)
+    assert abs(sum(led.totals().values()) - led.allocated_s) < 1e-9  # 30 s over the minute: scaled down
+
+
+def test_the_serving_causes_are_in_the_categories_file() -> None:
+    c = categories()
+    assert c.serving == ("slo_missed", "idle_replica", "overprovisioned_deployment")
+    assert {k: c.flag_categories[k] for k in c.serving} == {k: (k,) for k in c.serving}
+    assert c.flag_categories["batch_too_small"] == () and c.flag_categories["engine_hw_disagree"] == ()
+    with pytest.raises(ValueError, match="throttled"):  # a hardware kind among the serving causes
+        parse_categories("productive = \"productive\"\nunobserved = \"unobserved\"\n"
+                         "[serving]\ncauses = [\"throttled\"]\n")
