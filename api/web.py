@@ -35,7 +35,7 @@ OWN_FILES = {"app.js": "text/javascript", "dom.js": "text/javascript", "fmt.js":
              "search.js": "text/javascript", "xid.js": "text/javascript", "gpu.js": "text/javascript",
              "charts.js": "text/javascript", "heatmap.js": "text/javascript", "job.js": "text/javascript",
              "evidence.js": "text/javascript", "events.js": "text/javascript", "node.js": "text/javascript",
-             "evidence.css": "text/css"}
+             "evidence.css": "text/css", "deployment.js": "text/javascript"}
 UPLOT_FILES = {"uPlot.iife.min.js": "text/javascript", "uPlot.iife.js": "text/javascript",
                "uPlot.min.css": "text/css"}
 # Swagger UI and ReDoc from the installed ``fastapi-offline`` package (never copied here).
@@ -95,6 +95,7 @@ def _shell(request: Request, page: str, title: str, args: dict[str, str]) -> HTM
 <script src="/static/job.js?v={__version__}"></script>
 <script src="/static/events.js?v={__version__}"></script>
 <script src="/static/node.js?v={__version__}"></script>
+<script src="/static/deployment.js?v={__version__}"></script>
 <script src="/static/app.js?v={__version__}"></script>
 <script src="/static/search.js?v={__version__}"></script>
 <script src="/static/replay.js?v={__version__}"></script>

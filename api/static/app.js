@@ -371,7 +371,8 @@
 
   const pages = { fleet: fleetPage, jobs: jobsPage, job: jobPage, flags: flagsPage,
     node: () => window.gpufleetNodePage({ root, cfg, h, fill, api, table, when, pct, num, dash, enc, jobHref, state, chip, kindTitle, kindsReady }).then(done),  // node.js
-    gpu: () => window.gpufleetGpuPage({ root, cfg, h, fill, api, table, kpi, when, pct, num, dash, enc, jobHref, nodeHref }).then(done) };  // gpu.js
+    gpu: () => window.gpufleetGpuPage({ root, cfg, h, fill, api, table, kpi, when, pct, num, dash, enc, jobHref, nodeHref }).then(done),  // gpu.js
+    deployment: () => window.gpufleetDeploymentPage({ root, cfg, api }).then(done) };  // deployment.js
   // The registry loads alongside each page's own data; pages await it only before they draw.
   (pages[cfg.page] || fleetPage)().catch(fail);
 })();

@@ -1,49 +1,41 @@
-/* The deployment page (api/web_serving.py; docs/serving.md): one GET /api/v1/deployments/{name}.
- * Every API string goes into the DOM as text (dom.js's h), never through innerHTML.
- * Sets window.__gpufleet.ready when drawn (tests and screenshots wait on it). */
-"use strict";
-(() => {
-  const root = document.getElementById("app");
-  const cfg = JSON.parse(root.dataset.config);
-  const state = (window.__gpufleet = { ready: false, errors: [] });
-  const { h, append } = window.gpufleetDom;
-  const F = window.gpufleetFmt;
-  const C = window.gpufleetCharts;
-  const params = new URLSearchParams(location.search);
+/* The deployment page (/deployments/{name}, api/web_serving.py; docs/serving.md): one
+ * GET /api/v1/deployments/{name}. app.js routes the page here with its helpers (the pages' one
+ * shell: navigation, search, session); every API string goes into the DOM as text (dom.js's h),
+ * never through innerHTML. Resolves when drawn (app.js then sets window.__gpufleet.ready). */
+(function () {
+  "use strict";
   const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
   const ms = (v) => (v === null || v === undefined ? "—" : v >= 1 ? `${v.toFixed(v >= 10 ? 0 : 1)} s`
     : `${(1000 * v).toFixed(v < 0.01 && v > 0 ? 1 : 0)} ms`);
   const n = (v, d = 1) => (v === null || v === undefined ? "—" : Number(v).toFixed(d));
   const range = (r) => (r ? `${pct(r[0])} – ${pct(r[1])}` : "");
 
-  function kpi(label, value, sub) {
-    return h("div", { class: "kpi" }, h("div", { class: "l" }, label), h("div", { class: "v" }, value),
-      sub ? h("div", { class: "l" }, sub) : null);
-  }
-
-  function chartBox(title) {
-    const el = h("div", { class: "chart" });
-    return [h("section", {}, h("h3", {}, title), el), el];
-  }
-
-  async function main() {
+  async function page({ root, cfg, api }) {
+    const { h, append } = window.gpufleetDom;
+    const kpi = (label, value, sub) => h("div", { class: "kpi" }, h("div", { class: "l" }, label),
+      h("div", { class: "v" }, value), sub ? h("div", { class: "l" }, sub) : null);
+    const chartBox = (title) => {
+      const el = h("div", { class: "chart" });
+      return [h("section", {}, h("h3", {}, title), el), el];
+    };
+    const params = new URLSearchParams(location.search);
     const q = new URLSearchParams({ start: params.get("start") || "-6h" });
     if (params.get("end")) q.set("end", params.get("end"));
     if (cfg.args.cluster) q.set("cluster", cfg.args.cluster);
-    const r = await fetch(`/api/v1/deployments/${encodeURIComponent(cfg.args.name)}?${q}`,
-      { headers: { Accept: "application/json" }, credentials: "same-origin" });
-    while (root.firstChild) root.removeChild(root.firstChild);
-    if (!r.ok) {
-      let detail = `${r.status}`;
-      try { detail = (await r.json()).detail || detail; } catch { /* not JSON */ }
-      append(root, [h("h2", {}, `Deployment ${cfg.args.name}`), h("p", { class: "muted" }, String(detail))]);
-      state.ready = true;
+    let d;
+    try {
+      d = await api(`/api/v1/deployments/${encodeURIComponent(cfg.args.name)}?${q}`);
+    } catch (e) {
+      if (!e.status) throw e;
+      while (root.firstChild) root.removeChild(root.firstChild);
+      append(root, [h("h1", {}, `Deployment ${cfg.args.name}`), h("p", { class: "muted" }, String(e.message))]);
       return;
     }
-    const d = await r.json();
+    while (root.firstChild) root.removeChild(root.firstChild);
+    const C = window.gpufleetCharts;
     const s = d.summary, slo = s.slo;
     append(root, [
-      h("h2", {}, `Deployment ${d.deployment}`),
+      h("h1", {}, `Deployment ${d.deployment}`),
       h("p", { class: "muted" }, `cluster ${d.cluster} · SLO ${slo.source}: TTFT ≤ ${slo.ttft_ms} ms and TPOT ≤ `
         + `${slo.tpot_ms} ms at p${Math.round(slo.percentile * 100)} · ${s.replicas} replicas on ${n(s.gpus, 0)} GPUs`),
       h("div", { class: "kpis" },
@@ -99,7 +91,6 @@
     append(root, [h("section", {}, h("h3", {}, "Findings"),
       findings.length ? h("ul", {}, ...findings) : h("p", { class: "muted" }, "none"))]);
     if (C.flush) await C.flush();
-    state.ready = true;
   }
-  main().catch((e) => { state.errors.push(String(e)); state.ready = true; append(root, [h("p", {}, String(e))]); });
+  window.gpufleetDeploymentPage = page;
 })();

@@ -53,11 +53,15 @@ def test_deployment_page(sqlite_url: str, live_server: Callable[..., Any]) -> No
             page.goto(f"{srv.url}/deployments/llama-8b-chat?start={T0}&end={T0 + 900}", timeout=180_000)
             page.wait_for_function("() => window.__gpufleet && window.__gpufleet.ready === true", timeout=180_000)
             text = page.inner_text("#app")
+            # the pages' one shell (api/web.py _shell): the navigation with Silences, the search box
+            header = page.inner_text("header")
+            has_search = page.locator("header input").count() > 0
             SHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOTS / "serving-deployment.png"), full_page=True)
         finally:
             b.close()
     assert errors == [], errors
+    assert "Silences" in header and "Flags" in header and has_search
     s = api["summary"]
     assert f"{100 * s['goodput_share']:.1f}%" in text
     assert f"{100 * s['ttft_attainment']:.1f}%" in text
