@@ -121,6 +121,7 @@
     const flagsBox = h("div");
     const topJobs = h("div");
     const topUsers = h("div");
+    const workloads = h("div", { id: "workloads" });
     fill(root, 
       h("h1", {}, "Fleet", window.gpufleetFleet ? window.gpufleetFleet.rangePicker(W) : null), kpis,
       h("h2", {}, "GPUs by node, colored by SM activity (newest minute)"),
@@ -131,6 +132,7 @@
       h("div", { class: "cols" },
         h("section", {}, h("h2", {}, `GPU-hours wasted, last ${W.label}, by cause`), waste),
         h("section", {}, h("h2", {}, `Top wasting users (${W.label})`), topUsers)),
+      h("section", {}, h("h2", {}, `GPU-hours wasted, last ${W.label}, by workload: training and serving`), workloads),
       h("section", {}, h("h2", {}, "Open flags, most severe first"), flagsBox),
       h("section", {}, h("h2", {}, `Top wasting jobs (${W.label})`), topJobs));
 
@@ -174,6 +176,7 @@
       small.length ? h("p", { class: "muted", id: "small-causes", title: small.map(([k, v]) => `${title(k)} ${F.num(v, 3)}`).join(", ") },
         `+ ${F.plural(small.length, "cause", "causes")} under 0.05 GPU-h each`) : null]
         : h("p", { class: "muted" }, `No waste in the last ${W.label}.`));
+      fill(workloads, window.gpufleetFleet.workloadTable(s, { h, table, title }));
       const wasters = s.top_jobs.filter((j) => j.wasted_gpu_hours > 0);
       const users = L && byUser ? byUser.groups.map((g) => ({ user: g.key, jobs: g.jobs, allocated_gpu_hours: g.allocated_gpu_hours,
         wasted_gpu_hours: g.wasted_gpu_hours, goodput: g.goodput })) : s.top_users;

@@ -2,7 +2,8 @@
  * picker next to the title) and the waste KPI with its denominator and cost ("7.0 of 102.4
  * allocated GPU-h · $17.50 at $2.50/GPU-h"). The price comes from the settings model
  * (cost.gpu_hour_price, per cluster in cost.gpu_hour_price_by_cluster), handed to the page in
- * its data-config. Unknown stays unknown: no price set, no cost shown; no allocation, no ratio. */
+ * its data-config. Unknown stays unknown: no price set, no cost shown; no allocation, no ratio.
+ * And the waste split by workload (training / serving, with the serving causes). */
 (function () {
   "use strict";
   const RANGES = [["1h", "1 h"], ["6h", "6 h"], ["24h", "24 h"], ["7d", "7 d"]];
@@ -78,5 +79,30 @@
     return [label, el, parts.join(" · ")];
   }
 
-  window.gpufleetFleet = { range, rangePicker, wasteKpi, price, money };
+  // The summary's waste by workload (wasted_by_workload: "training", every job that is not a
+  // serving replica, and "serving", the jobs with serving replica-minutes in the range): jobs,
+  // allocated, productive and wasted GPU-h, and each one's causes, biggest first (those that round
+  // to 0.0 left out, as the bars do). Null when the server has no split (an older server).
+  function workloadTable(s, { h, table, title }) {
+    const w = s.wasted_by_workload;
+    if (!w) return null;
+    const rows = ["training", "serving"].filter((k) => w[k]).map((k) => ({ key: k, ...w[k] }));
+    const causes = (r) => {
+      const big = Object.entries(r.wasted_gpu_hours || {}).filter(([, v]) => gh(v) !== "0.0")
+        .sort((a, b) => b[1] - a[1]);
+      if (!big.length) return h("span", { class: "muted" }, dash);
+      return h("span", {}, big.map(([k, v], i) => [i ? " · " : null,
+        h("span", { class: "cause", "data-kind": k, title: k }, `${title(k)} `, h("b", {}, gh(v)))]));
+    };
+    return table([
+      { label: "Workload", get: (r) => h("span", { "data-workload": r.key }, r.key) },
+      { label: "Jobs", n: true, get: (r) => String(r.jobs) },
+      { label: "Allocated GPU-h", n: true, get: (r) => gh(r.allocated_gpu_hours) },
+      { label: "Productive GPU-h", n: true, get: (r) => gh(r.productive_gpu_hours) },
+      { label: "Wasted GPU-h", n: true, get: (r) => gh(r.wasted_gpu_hours_total) },
+      { label: "Causes (GPU-h)", wrap: true, get: causes },
+    ], rows, { class: "workloads" });
+  }
+
+  window.gpufleetFleet = { range, rangePicker, wasteKpi, price, money, workloadTable };
 })();

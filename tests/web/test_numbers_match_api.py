@@ -203,3 +203,65 @@ def test_multi_node_job_page_does_not_scroll_sideways(web: tuple[Page, Seeded], 
     pg.locator("#nic-charts").screenshot(path=str(SCREENSHOTS / "numbers-job-multinode-nics.png"))
     p.shot("numbers-job-multinode")
     assert p.errors == []
+
+
+def _serving_replica(sqlite_url: str, s: Seeded) -> None:
+    """Job 666 serves a deployment: replica-minutes for its last 30 minutes (through the storage the
+    intake writes with), and its ledger in those minutes as the analysis folds a replica's
+    (tests/serving/test_serving_ledger_db.py runs that fold for real): 10 s of each GPU-minute
+    served outside the SLOs, 15 s with no request, the rest as before."""
+    from sqlalchemy import delete, insert, select
+
+    from gpufleet.storage.db import make_engine
+    from gpufleet.storage.gpu_ledger import GpuLedgerMinute
+    from gpufleet.storage.serving import write_minutes
+
+    pk = s.jobs["666"]["pk"]
+    m1 = int(s.start // 60) + s.minutes
+    minutes = range(m1 - 30, m1)
+    e = make_engine(sqlite_url)
+    with e.begin() as c:
+        write_minutes(c, "default", [{"deployment": "chat", "replica": "chat-0", "minute": m * 60, "engine": "vllm",
+                                      "gpus": 1, "job_id": "666", "measures": {"requests": 12.0}} for m in minutes])
+        t = GpuLedgerMinute.__table__
+        old = {(m, cat): v for m, cat, v in c.execute(select(t.c.minute, t.c.category, t.c.gpu_s).where(
+            t.c.job_pk == pk, t.c.minute >= minutes[0]))}
+        c.execute(delete(t).where(t.c.job_pk == pk, t.c.minute >= minutes[0]))
+        rows = []
+        for m in minutes:
+            thr = old.get((m, "throttled"), 0.0)
+            rows += [{"job_pk": pk, "minute": m, "category": k, "gpu_s": v} for k, v in (
+                ("productive", 60.0 - thr - 25.0), ("throttled", thr), ("slo_missed", 10.0), ("idle_replica", 15.0))
+                if v > 0]
+        c.execute(insert(GpuLedgerMinute), rows)
+    e.dispose()
+
+
+def test_serving_waste_beside_training_waste(web: tuple[Page, Seeded], sqlite_url: str) -> None:
+    """The fleet page's waste by workload (issue 39): training and serving, each with the API's
+    jobs, allocated, productive and wasted GPU-h and its causes; the serving causes among the bars."""
+    p, s = web
+    _serving_replica(sqlite_url, s)
+    summ = _get(p, "/api/v1/fleet/summary?window=24h")
+    w = summ["wasted_by_workload"]
+    assert w["serving"]["jobs"] == 1 and w["training"]["jobs"] == 3
+    assert w["serving"]["wasted_gpu_hours"]["idle_replica"] == round(30 * 15 / 3600, 4)
+    assert w["serving"]["wasted_gpu_hours"]["slo_missed"] == round(30 * 10 / 3600, 4)
+    assert "idle_replica" not in w["training"]["wasted_gpu_hours"]
+    total = w["training"]["wasted_gpu_hours_total"] + w["serving"]["wasted_gpu_hours_total"]
+    assert abs(total - summ["wasted_gpu_hours_total"]) < 1e-3  # the two add up to the fleet's waste
+    pg = p.open("/")
+    assert _col(pg, "table.workloads", "Workload") == ["training", "serving"]
+    for col, key in (("Jobs", "jobs"), ("Allocated GPU-h", "allocated_gpu_hours"),
+                     ("Productive GPU-h", "productive_gpu_hours"), ("Wasted GPU-h", "wasted_gpu_hours_total")):
+        want = [str(w[k][key]) if key == "jobs" else gh(w[k][key]) for k in ("training", "serving")]
+        assert _col(pg, "table.workloads", col) == want, col
+    for i, k in enumerate(("training", "serving")):
+        row = pg.locator("table.workloads tbody tr").nth(i)
+        shown = {c.get_attribute("data-kind"): c.locator("b").inner_text()
+                 for c in row.locator(".cause").all()}
+        assert shown == {c: gh(v) for c, v in w[k]["wasted_gpu_hours"].items() if gh(v) != "0.0"}, k
+    _, _, by_cause = fleet_waste(pg, p.base, "24h")
+    bars = {b.get_attribute("data-kind"): b.locator(".n").inner_text() for b in pg.locator(".bars .bar").all()}
+    assert bars == {k: gh(v) for k, v in by_cause.items() if gh(v) != "0.0"} and "idle_replica" in bars
+    p.shot("numbers-fleet-serving")
