@@ -88,7 +88,26 @@ def build() -> Dashboard:
             FROM gpu_ledger l JOIN grafana_jobs j ON j.job_pk = l.job_pk
             WHERE {LEDGER_SELECTED}
             GROUP BY l.category ORDER BY 2 DESC
-            """, ("category", "gpu_hours"), "table"), w=12),
+            """, ("category", "gpu_hours"), "table"), w=12,
+            description="Every category of the ledger, the serving causes (slo_missed, idle_replica, "
+                        "overprovisioned_deployment) included."),
+        # Serving waste beside training waste (docs/serving.md, "Ledger"): a job is a serving
+        # replica when it has replica-minutes in the range, as the fleet page splits it.
+        table("Wasted GPU-hours by workload and cause", Query(
+            f"""
+            SELECT CASE WHEN r.job_pk IS NULL THEN 'training' ELSE 'serving' END AS workload,
+                   l.category AS cause, sum(l.gpu_s) / 3600.0 AS wasted_gpu_hours
+            FROM gpu_ledger l JOIN grafana_jobs j ON j.job_pk = l.job_pk
+            LEFT JOIN (SELECT DISTINCT gj.job_pk FROM serving_minutes s
+                       JOIN grafana_jobs gj ON gj.cluster = s.cluster AND gj.job_id = s.job_id
+                       WHERE s.minute >= $__unixEpochFrom() AND s.minute < $__unixEpochTo()) r
+              ON r.job_pk = l.job_pk
+            WHERE {LEDGER_SELECTED} AND l.category NOT IN ('productive', 'unobserved')
+            GROUP BY 1, 2 ORDER BY 1 DESC, 3 DESC
+            """, ("workload", "cause", "wasted_gpu_hours"), "table"), w=12,
+            overrides=[column_unit("wasted_gpu_hours", "none")],
+            description="The ledger's badput of the range: serving replicas' jobs (replica-minutes in the "
+                        "range) and every other job (training), by cause."),
         Row("Who and why"),
         barchart("Wasted GPU-hours by team", Query(
             f"""
