@@ -137,6 +137,44 @@ def test_every_demo_profile() -> None:
     _fleet_adds_up(rows)
 
 
+def test_every_demo_profile_as_a_serving_replica() -> None:
+    """Each demo job's telemetry and findings, and replica-minutes on most of its minutes (random
+    splits, some naming its GPUs, some none, some a GPU it does not hold, some with nothing
+    known): the same invariants, and a serving cause never holds more than the minutes gave it."""
+    from simjobs import analyze_data, generate, meta_of, plan_jobs
+
+    from gpufleet.analysis.ledger import ServingCell, categories
+
+    rng = np.random.default_rng(39)
+    causes = (PRODUCTIVE, *categories().serving, UNOBSERVED)
+    rows = []
+    for job in plan_jobs(range(1), min_minutes=20, max_minutes=30):
+        d = generate(job)
+        meta = meta_of(job)
+        g = len(meta.gpu_uuids)
+        cells = []
+        for m in range(int(float(d.ts.min()) // 60), int(float(d.ts.max()) // 60) + 1):
+            if rng.random() < 0.2:
+                continue
+            who = rng.integers(0, 3)
+            uuids = tuple(meta.gpu_uuids) if who == 0 else () if who == 1 else ("GPU-not-this-job",)
+            split = rng.dirichlet(np.ones(len(causes))) * 60.0 * g
+            cells.append(ServingCell(m * 60, uuids, dict(zip(causes, split.tolist(), strict=True))))
+        feats = features_for(TH, d.ts, d.gpu, d.cols, g)
+        res = analyze(meta, feats, histograms(d.cols), th=TH, first_ts=float(d.ts.min()), last_ts=float(d.ts.max()),
+                      serving=cells)
+        assert res.report["ledger"]["serving"]
+        cats = check(res)
+        assert set(cats) & set(categories().serving)
+        for k in categories().serving:  # a cause holds at most what the minutes gave it (a stop may take some)
+            assert cats.get(k, 0.0) <= sum(c.seconds[k] for c in cells) / 3600 + 1e-3, k
+        plain = check(analyze_data(d, TH))  # the same job without its minutes: same allocation
+        assert abs(sum(cats.values()) - sum(plain.values())) <= 1e-3
+        rows.append((job.user, job.account, cats))
+    assert len(rows) == len(PROFILES)
+    _fleet_adds_up(rows)
+
+
 def test_restart_story_counts_the_lost_progress() -> None:
     from simjobs import generate, meta_of, plan_jobs
 
