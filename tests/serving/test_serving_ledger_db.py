@@ -119,3 +119,39 @@ def test_serving_minutes_arriving_later_refold_the_replicas_ledger(database_url:
             assert read_job_ledger(c, pk) == rows
     finally:
         engine.dispose()
+
+
+def test_an_overprovisioned_deployment_books_its_spare_gpus(database_url: str, live_server: Callable[..., Any],
+                                                            tmp_path: Path) -> None:
+    """Two replicas (one GPU each) of one job, both nearly idle in KV and far under the SLOs: the
+    serving pass opens overprovisioned_deployment (1 of 2 GPUs needed); the next pass books half
+    of the served seconds of its episode to it, and the flag's waste is that share."""
+    server = str(live_server(database_url).url)
+    _gpu_rows(server, tmp_path)
+    fast = Hist((0.05, 0.1, math.inf), (100.0, 100.0, 100.0), 2.0)
+    quick = Hist((0.005, 0.01, math.inf), (100.0, 100.0, 100.0), 0.3)
+    minutes = [{"deployment": "chat", "replica": f"r{r}", "minute": T0 + 60 * i, "engine": "vllm", "gpus": 1,
+                "gpu_uuids": [GPUS[r]], "job_id": JOB,
+                "measures": measures_to_json({"requests": 100.0, "ttft": fast, "tpot": quick, "kv_usage": 0.1,
+                                              "waiting": 0.0, "running": 2.0})}
+               for r in range(2) for i in range(20)]
+    r = httpx.post(f"{server}/api/v1/serving/minutes", timeout=60,
+                   json={"cluster": "default", "node": "n1", "minutes": minutes})
+    assert r.status_code == 200 and r.json()["stored"] == 40, r.text
+    engine = make_engine(database_url)
+    try:
+        s = run_analysis(engine, now=NOW)
+        assert not s.errors, s.errors
+        s = run_analysis(engine, now=NOW + 1)  # the flag's episode enters the ledger
+        assert not s.errors, s.errors
+        with engine.connect() as c:
+            pk = c.execute(select(Job.id).where(Job.job_id == JOB)).scalar_one()
+            led = _hours(read_job_ledger(c, pk))
+        with httpx.Client(base_url=server, timeout=60) as c:
+            (flag,) = c.get("/api/v1/flags", params={"kind": "overprovisioned_deployment"}).json()["data"]
+        assert flag["evidence"]["gpus"] == 2 and flag["evidence"]["needed_gpus"] == 1
+        assert abs(led["overprovisioned_deployment"] - led["productive"]) < 1e-3, led  # half of what was served
+        assert flag["wasted_gpu_hours"] == round(led["overprovisioned_deployment"], 4)
+        assert abs(sum(led.values()) - 2 * 1190 / 3600) < 1e-3  # still the allocation, once
+    finally:
+        engine.dispose()
