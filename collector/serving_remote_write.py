@@ -186,7 +186,8 @@ class _Minute:
 
 
 def _snap_cost(snap: Mapping[str, Any]) -> int:
-    return sum(budget.ENTRY_OVERHEAD + (64 * len(v.bounds) if isinstance(v, Hist) else 0) for v in snap.values())
+    # (a histogram: its object, two tuples of floats; measured with tracemalloc on CPython 3.11)
+    return sum(budget.ENTRY_OVERHEAD + (128 * len(v.bounds) if isinstance(v, Hist) else 0) for v in snap.values())
 
 
 class ServingRemoteWrite:

@@ -19,8 +19,9 @@ FAMILY_BYTES = 8 << 20  # metadata family names -> counter or not (dcgm-exporter
 DIMS_BYTES = 32 << 20  # (gpus, jobs) lists that passed their checks
 LABEL_VALUES_BYTES = 64 << 20  # per-GPU values remembered from labels (memory totals), NCCL snapshots
 # serving replicas' scrapes being assembled, last snapshots and open minutes (collector/serving_remote_write.py):
-# ~40 KB a vLLM replica scraped every 15 s, so ~1,600 replicas; past it their open minutes are lost (counted)
-SERVING_BYTES = 64 << 20
+# ~105 KB a vLLM replica scraped every 15 s, ~300 KB every 1 s (tracemalloc), so ~2,500 / ~900 replicas;
+# past it their open minutes are lost (counted)
+SERVING_BYTES = 256 << 20
 
 
 class ByteBudget:
