@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/serving/evaluate.py              # 3 seeds x every scenario
     .venv/bin/python bench/serving/evaluate.py --seeds 1
+    .venv/bin/python bench/serving/evaluate.py --library heldout   # bench/serving/scenarios_heldout.py
 
 A scenario "raises" a kind when any finding of that kind exists for its deployment. The expected
 kinds come from the scenario (written from the engines' tuning guides) and, for slo_missed, from
@@ -46,7 +47,14 @@ def evaluate(seeds: int) -> tuple[Counter[tuple[str, str]], list[tuple[str, int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--library", choices=("default", "heldout"), default="default",
+                    help="heldout: the library written blind to the detectors (scenarios_heldout.py)")
     args = ap.parse_args()
+    if args.library == "heldout":
+        import scenarios_heldout
+
+        scenarios_heldout.report(scenarios_heldout.evaluate(args.seeds), args.seeds)
+        return
     counts, rows = evaluate(args.seeds)
     print(f"{len(LIBRARY)} scenarios x {args.seeds} seeds\n")
     print("| kind | positives | TP | FP | FN | precision | recall |")
