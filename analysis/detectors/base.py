@@ -95,12 +95,17 @@ class MinuteSignals:
     # gives its memory back, so memory falling to ~0 and rising again is a restart (crash_loop).
     fb: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     fb_total: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    # SM clock while busy, MHz, and the throttle reason bits seen while busy (OR-ed; 0 = none):
+    # a straggler's clock deficit and its hardware cause, timed by the minute (straggler).
+    clock_busy: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    reasons_or: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
     @classmethod
     def of(cls, m: MinuteFeatures) -> MinuteSignals:
         f = m.f
         return cls(m.b0, m.n, f["sm"], f["gpu_util"], f["tensor"], f["dram"], f["power"],
-                   np.fmax(f["nvl_tx"], f["nvl_rx"]), np.fmax(f["ib_tx"], f["ib_rx"]), f["fb_used_max"], f["fb_total"])
+                   np.fmax(f["nvl_tx"], f["nvl_rx"]), np.fmax(f["ib_tx"], f["ib_rx"]), f["fb_used_max"], f["fb_total"],
+                   f["clock_busy"], f["reasons_or"])
 
 
 # Signal names (as detectors declare them) -> Coverage's field.

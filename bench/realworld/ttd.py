@@ -13,9 +13,12 @@ far. A (kind, scope) counts as raised when an ongoing finding of it first appear
 detect = that pass's time - the fault's onset. False alarm: a raised (kind, scope) the case's
 labels do not name; per day = false alarms / (job-days of the cases judged).
 
-Hardware alone: telemetry generated here (a collective hang of all GPUs; one GPU's clock 20%
-low under HW slowdown), analyzed by ``analysis.report.analyze`` on the samples up to each
-minute after the onset, as a pass at that minute would."""
+Hardware alone: telemetry generated here (a collective hang of all GPUs; stragglers as the
+scenario library draws them: one GPU's clock 20% low under HW slowdown, one GPU of 16 25% low
+under thermal slowdown, one node of three under the power brake, each busier than its waiting
+peers), analyzed by ``analysis.report.analyze`` on the samples up to each minute after the
+onset, as a pass at that minute would; onsets at several offsets inside the minute and the
+5-minute window (``HW_OFFSETS``)."""
 
 from __future__ import annotations
 
@@ -129,7 +132,18 @@ def replay(c: ProgressCase, cadence: int, rng: np.random.Generator, judge_from_s
 GIB = 2.0**30
 
 
-def _telemetry(kind: str, n: int, minutes: int, onset_min: float, interval_s: float = 10.0
+# Hardware-alone cases: (kind, what the telemetry shows, GPUs, nodes). Stragglers as the scenario
+# library draws them (straggler_one_in_64, straggler_thermal_gpu, straggler_power_brake_node).
+HW_CASES: dict[str, tuple[str, int, int]] = {
+    "hung": ("`hung` (every GPU spinning)", 8, 1),
+    "straggler": ("`straggler` (one GPU of 8, HW slowdown 0x8, clock -20%)", 8, 1),
+    "straggler_thermal": ("`straggler` (one GPU of 16, thermal 0x20, clock -25%)", 16, 2),
+    "straggler_node": ("`straggler` (one node of 3, power brake 0x80, clock -43%)", 24, 3),
+}
+HW_OFFSETS = (0.0, 0.25, 0.5, 0.75, 1.5, 2.5, 4.0)  # onset, minutes after minute 30: inside the minute and the window
+
+
+def _telemetry(kind: str, n: int, minutes: int, onset_min: float, interval_s: float = 10.0, n_nodes: int = 1
                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     from gpufleet.analysis.features import RAW_FIELDS
 
@@ -147,13 +161,18 @@ def _telemetry(kind: str, n: int, minutes: int, onset_min: float, interval_s: fl
             for k, x in (("sm_active", 0.15), ("tensor_active", 0.0), ("dram_active", 0.002), ("sm_occupancy", 0.02),
                          ("nvlink_tx_bytes_s", 0.0), ("nvlink_rx_bytes_s", 0.0), ("power_w", 160.0)):
                 v[k] = np.where(after, x, np.broadcast_to(v[k], t.shape))
-        elif kind == "straggler":
-            if g == 0:  # the slow GPU: clock 20% low under HW slowdown, busier than its peers
-                v["sm_clock_mhz"] = np.where(after, 1580.0, 1980.0)
-                v["clock_event_reasons"] = np.where(after, 8.0, 0.0)
+        elif kind.startswith("straggler"):
+            # the slow GPU (or every GPU of the slow node): clock low under its reason, busier
+            # than its peers, who wait for it in every all-reduce
+            factor, reasons = {"straggler": (0.8, 0x8), "straggler_thermal": (0.75, 0x20),
+                               "straggler_node": (0.57, 0x80 | 0x8)}[kind]
+            slow = g < n // n_nodes if kind == "straggler_node" else g == 0
+            if slow:
+                v["sm_clock_mhz"] = np.where(after, 1980.0 * factor, 1980.0)
+                v["clock_event_reasons"] = np.where(after, float(reasons), 0.0)
                 v["sm_active"] = np.where(after, 0.93 + wob, v["sm_active"])
-            else:  # the peers wait for it in every all-reduce
-                v["sm_active"] = np.where(after, 0.70 + wob, v["sm_active"])
+            else:
+                v["sm_active"] = np.where(after, 0.88 * factor + 0.04 + wob, v["sm_active"])
         ts.append(t)
         gpu.append(np.full(len(t), g))
         for k in RAW_FIELDS:
@@ -162,28 +181,58 @@ def _telemetry(kind: str, n: int, minutes: int, onset_min: float, interval_s: fl
     return (np.concatenate(ts) + WALL0, np.concatenate(gpu), {k: np.concatenate(x) for k, x in cols.items()})
 
 
-def hardware_ttd(kind: str, onset_min: float, n: int = 8, horizon_min: int = 30) -> float | None:
-    """Seconds from the onset to the first pass (one a minute, on the samples so far) raising
-    ``kind`` as ongoing; None when not within ``horizon_min``."""
+def _first_pass(kind: str, ts: np.ndarray, gpu: np.ndarray, cols: dict[str, np.ndarray], nodes: list[str],
+                model: str, onset_ts: float, horizon_min: int) -> float | None:
+    """Seconds from ``onset_ts`` to the first pass (one a minute, on the samples so far)
+    raising ``kind`` as ongoing; None when not within ``horizon_min``."""
     from gpufleet.analysis.config import load_thresholds
     from gpufleet.analysis.detectors import features_for
     from gpufleet.analysis.features import histograms
     from gpufleet.analysis.report import JobMeta, analyze
 
     th = load_thresholds()
-    ts, gpu, cols = _telemetry(kind, n, int(onset_min + horizon_min), onset_min)
+    n = len(nodes)
     for m in range(1, horizon_min + 1):
-        until = WALL0 + (onset_min + m) * 60
-        keep = ts <= until
+        keep = ts <= onset_ts + m * 60
         t2, g2, c2 = ts[keep], gpu[keep], {k: x[keep] for k, x in cols.items()}
         feats = features_for(th, t2, g2, c2, n)
-        meta = JobMeta(job_id="ttd", start_ts=WALL0, end_ts=None, running=True,
-                       gpu_uuids=[f"GPU-{g}" for g in range(n)], gpu_nodes=["n1"] * n, gpu_indexes=list(range(n)),
-                       model="NVIDIA H100 80GB HBM3")
+        meta = JobMeta(job_id="ttd", start_ts=float(ts.min()), end_ts=None, running=True,
+                       gpu_uuids=[f"GPU-{g}" for g in range(n)], gpu_nodes=nodes, gpu_indexes=list(range(n)),
+                       model=model)
         res = analyze(meta, feats, histograms(c2), th=th, first_ts=float(t2.min()), last_ts=float(t2.max()))
         if any(f.kind == kind and f.ongoing for f in res.findings):
             return m * 60.0
     return None
+
+
+def hardware_ttd(case: str, onset_min: float, horizon_min: int = 30) -> float | None:
+    """Seconds from the onset to the first pass raising the case's kind (``HW_CASES``) as
+    ongoing; None when not within ``horizon_min``."""
+    _, n, n_nodes = HW_CASES[case]
+    ts, gpu, cols = _telemetry(case, n, int(onset_min + horizon_min), onset_min, n_nodes=n_nodes)
+    return _first_pass(case.partition("_")[0], ts, gpu, cols, [f"n{g * n_nodes // n + 1}" for g in range(n)],
+                       "NVIDIA H100 80GB HBM3", WALL0 + onset_min * 60, horizon_min)
+
+
+# The scenario library's own stragglers (bench/realworld/scenarios_faults.py), rendered by its
+# generators and sampler; the onset is where the faulty GPU's forced clock factor starts.
+LIBRARY_STRAGGLERS = ("straggler_thermal_gpu", "straggler_power_brake_node", "straggler_one_in_64")
+
+
+def library_ttd(name: str, seed: int, interval_s: int, horizon_min: int = 30) -> float | None:
+    from gpufleet.analysis.features import RAW_FIELDS
+    from realworld.feed import render_job
+    from realworld.library import REGISTRY
+    from realworld.model import instantiate
+
+    (spec,) = instantiate(REGISTRY[name], seed)
+    onset = min(int(np.flatnonzero(g.clock_factor < 1.0)[0]) for g in spec.truths if (g.clock_factor < 1.0).any())
+    rj = render_job(spec, base_ts=WALL0, interval_s=interval_s, rng=np.random.default_rng([seed, interval_s]))
+    ts = np.concatenate([r.ts for r in rj.gpus])
+    gpu = np.concatenate([np.full(len(r.ts), i) for i, r in enumerate(rj.gpus)])
+    cols = {k: np.concatenate([r.cols.get(k, np.full(len(r.ts), np.nan)) for r in rj.gpus]) for k in RAW_FIELDS}
+    return _first_pass("straggler", ts, gpu, cols, [s.node for s in spec.slots], spec.slots[0].device.model,
+                       rj.t0 + onset, horizon_min)
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -238,11 +287,13 @@ def markdown(results: dict[int, list[CaseResult]], hw: dict[str, list[float | No
             lines.append(f"- `{name}` seed {seed}: false {f}, missed {miss}")
         if bad:
             lines.append("")
-    lines += ["Hardware alone (one pass a minute on the samples so far; onsets at several minute offsets):", "",
+    lines += ["Hardware alone (one pass a minute on the samples so far; the cases drawn here at several onset "
+              "offsets, the library's stragglers once per seed):", "",
               "| kind | runs | caught | TTD median (s) | TTD worst (s) |", "|---|---:|---:|---:|---:|"]
     for k, ts in hw.items():
         got = [t for t in ts if t is not None]
-        lines.append(f"| `{k}` | {len(ts)} | {len(got)} | {_fmt(statistics.median(got) if got else None)} | "
+        label = HW_CASES[k][0] if k in HW_CASES else k
+        lines.append(f"| {label} | {len(ts)} | {len(got)} | {_fmt(statistics.median(got) if got else None)} | "
                      f"{_fmt(max(got) if got else None)} |")
     return "\n".join(lines) + "\n"
 
@@ -276,8 +327,12 @@ def main(argv: list[str] | None = None) -> int:
         results[cadence] = rs
     hw: dict[str, list[float | None]] = {}
     if not a.no_hardware:
-        for kind in ("hung", "straggler"):
-            hw[kind] = [hardware_ttd(kind, 30.0 + off) for off in (0.0, 1.5, 2.5, 4.0)]
+        for case in HW_CASES:
+            hw[case] = [hardware_ttd(case, 30.0 + off) for off in HW_OFFSETS]
+        for name in LIBRARY_STRAGGLERS:  # the library's own, one run per seed and sampling interval
+            for interval in (10, 60):
+                hw[f"`straggler`: `{name}`, sampled every {interval} s"] = [
+                    library_ttd(name, seed, interval) for seed in range(1, a.seeds + 1)]
     md = markdown(results, hw, cmd.strip())
     print(md)
     if a.out:
