@@ -9,6 +9,8 @@
     : `${(1000 * v).toFixed(v < 0.01 && v > 0 ? 1 : 0)} ms`);
   const n = (v, d = 1) => (v === null || v === undefined ? "—" : Number(v).toFixed(d));
   const range = (r) => (r ? `${pct(r[0])} – ${pct(r[1])}` : "");
+  // The SLO between two bucket bounds: the value is interpolated, the range is what the buckets prove.
+  const proven = (r, exact) => (exact === false ? `estimated; proven ${range(r)}` : exact === true ? "exact (on a bucket bound)" : range(r));
 
   async function page({ root, cfg, api }) {
     const { h, append } = window.gpufleetDom;
@@ -40,9 +42,9 @@
         + `${slo.tpot_ms} ms at p${Math.round(slo.percentile * 100)} · ${s.replicas} replicas on ${n(s.gpus, 0)} GPUs`),
       h("div", { class: "kpis" },
         kpi("goodput (both SLOs)", pct(s.goodput_share), `proven ${range(s.goodput_range)}`),
-        kpi("TTFT attainment", pct(s.ttft_attainment), range(s.ttft_attainment_range)),
+        kpi("TTFT attainment", pct(s.ttft_attainment), proven(s.ttft_attainment_range, s.ttft_attainment_exact)),
         kpi(`TPOT attainment${s.tpot_from === "itl" ? " (per token)" : ""}`, pct(s.tpot_attainment),
-          range(s.tpot_attainment_range)),
+          proven(s.tpot_attainment_range, s.tpot_attainment_exact)),
         kpi("requests/s", n(s.requests_per_s, 2), `goodput ${n(s.goodput_rps_per_gpu, 2)} req/s per GPU`),
         kpi("output tokens / GPU-s", n(s.generation_tokens_per_gpu_s, 0),
           `prompt ${n(s.prompt_tokens_per_gpu_s, 0)}`),

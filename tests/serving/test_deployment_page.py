@@ -65,6 +65,12 @@ def test_deployment_page(sqlite_url: str, live_server: Callable[..., Any]) -> No
     s = api["summary"]
     assert f"{100 * s['goodput_share']:.1f}%" in text
     assert f"{100 * s['ttft_attainment']:.1f}%" in text
+    # an SLO between bucket bounds is said to be an estimate, with what the buckets prove
+    for key in ("ttft", "tpot"):
+        if s[f"{key}_attainment_exact"] is False:
+            assert "estimated; proven" in text.lower()  # the labels are upper-cased by CSS
+        elif s[f"{key}_attainment_exact"] is True:
+            assert "exact (on a bucket bound)" in text.lower()
     assert "chat-0" in text and "chat-1" in text and "SLO 500 ms" not in text  # the SLO line is drawn, not text
     assert page_has_charts(text) and ("slo_missed" in text) == any(f["kind"] == "slo_missed" for f in api["findings"])
 
