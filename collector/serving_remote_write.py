@@ -46,6 +46,7 @@ IDENTITY = {"__name__", "job", "instance", "namespace", "pod", "container", "gpu
             "app_kubernetes_io_name", "app", "endpoint", "service", "gpufleet_job", "gpufleet_user"}
 _HASHES = re.compile(r"(-[a-z0-9]{8,10})?-[a-z0-9]{5}$")
 NAME_MAX = 253  # deployment / replica columns (storage/serving_models.py)
+JOB_MAX = 255  # the job_id column
 
 # Why a serving series is dropped (the receiver counts them as ignored series under these reasons)
 NO_REPLICA = "serving_no_replica"
@@ -124,6 +125,8 @@ def serving_series(labels: Mapping[str, str], pod_jobs: PodJobs = DEFAULT_POD_JO
             if le.strip().lower() not in ("+inf", "inf"):
                 return BAD_BUCKET
     job = dcgm.job_from_labels(labels, pod_jobs)
+    if job is not None and text_problem(job.job_id, 1, JOB_MAX):
+        return BAD_IDENTITY
     return ServingSeries((*who, engine), name, own, job.job_id if job is not None else None)
 
 

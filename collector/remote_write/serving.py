@@ -94,46 +94,79 @@ class ServingHook:
 
     def write(self, finished: list[Finished]) -> None:
         from gpufleet.collector.serving_routes import check_minute
-        from gpufleet.storage.serving import job_gpus, write_minutes
+        from gpufleet.storage.errors import is_transient
 
         with self.lock:
             todo, self._unsaved = self._unsaved + finished, []
         if not todo:
             return
-        by_cluster: dict[str, list[Finished]] = {}
-        for f in todo:
-            by_cluster.setdefault(f.cluster, []).append(f)
         outcome: Counter[str] = Counter()
+        by_cluster: dict[str, list[Finished]] = {}
+        for f in todo:  # checked before the database sees them (a name PostgreSQL refuses fails a whole query)
+            row, why = check_minute(f.record(None))
+            if row is None:
+                outcome["refused"] += 1
+                log.warning("remote write: serving minute of %r refused: %s", f.replica[:100], why[:3])
+            else:
+                by_cluster.setdefault(f.cluster, []).append(f)
         refused_measures = 0
         try:
-            with self._engine_of().begin() as conn:
-                for cluster, fs in by_cluster.items():
-                    held = job_gpus(conn, cluster, {f.job for f in fs if f.job}, min(f.minute for f in fs),
-                                    max(f.minute for f in fs) + 60)
-                    rows = []
-                    for f in fs:
-                        uuids, node = _gpus_in(held.get(f.job or ""), f.minute)
-                        row, why = check_minute(f.record(uuids, node))
-                        if row is None:
-                            outcome["refused"] += 1
-                            log.warning("remote write: serving minute of %r refused: %s", f.replica[:100], why[:3])
-                            continue
-                        refused_measures += len(why)
-                        rows.append(row)
-                    write_minutes(conn, cluster, rows)
-                    outcome["stored"] += len(rows)
-        except Exception:
-            log.exception("remote write: storing %d serving minute(s) failed; kept to retry", len(todo))
+            refused_measures = self._write(by_cluster, outcome)
+        except Exception as e:
+            if is_transient(e):
+                log.warning("remote write: storing %d serving minute(s) failed (%s); kept to retry", len(todo), e)
+                with self.lock:
+                    self.store_failures += 1
+                    self._unsaved = [f for fs in by_cluster.values() for f in fs] + self._unsaved
+                    if len(self._unsaved) > MAX_UNSAVED:
+                        self.minutes["lost_unsaved"] += len(self._unsaved) - MAX_UNSAVED
+                        del self._unsaved[:len(self._unsaved) - MAX_UNSAVED]
+                    self.minutes.update(outcome)
+                return
+            # a record the database refuses: one by one, so it alone is lost (counted), never the others
+            log.exception("remote write: storing serving minutes failed; storing them one by one")
             with self.lock:
                 self.store_failures += 1
-                self._unsaved = todo + self._unsaved
-                if len(self._unsaved) > MAX_UNSAVED:
-                    self.minutes["lost_unsaved"] += len(self._unsaved) - MAX_UNSAVED
-                    del self._unsaved[:len(self._unsaved) - MAX_UNSAVED]
-            return
+            for cluster, fs in by_cluster.items():
+                for f in fs:
+                    try:
+                        refused_measures += self._write({cluster: [f]}, outcome)
+                    except Exception:
+                        log.exception("remote write: the database refused the serving minute of %r", f.replica[:100])
+                        outcome["error"] += 1
         with self.lock:
             self.minutes.update(outcome)
             self.refused_measures += refused_measures
+
+    def _write(self, by_cluster: dict[str, list[Finished]], outcome: Counter[str]) -> int:
+        """One transaction: each minute's GPUs from the attribution, checked, written. Returns the
+        measures left out; counts ``stored`` (and ``refused``) in ``outcome`` once committed."""
+        from gpufleet.collector.serving_routes import check_minute
+        from gpufleet.storage.serving import job_gpus, write_minutes
+
+        counts: Counter[str] = Counter()
+        refused_measures = 0
+        with self._engine_of().begin() as conn:
+            for cluster, fs in by_cluster.items():
+                held = job_gpus(conn, cluster, {f.job for f in fs if f.job}, min(f.minute for f in fs),
+                                max(f.minute for f in fs) + 60)
+                rows = []
+                for f in fs:
+                    uuids, node = _gpus_in(held.get(f.job or ""), f.minute)
+                    row, why = check_minute(f.record(uuids, node))
+                    if row is None:
+                        counts["refused"] += 1
+                        continue
+                    refused_measures += len(why)
+                    rows.append(row)
+                write_minutes(conn, cluster, rows)
+                counts["stored"] += len(rows)
+        outcome.update(counts)
+        return refused_measures
+
+    def unsaved(self) -> int:
+        """Finished minutes waiting for the database."""
+        return len(self._unsaved)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         """/metrics families (routes.RemoteWriteMetrics)."""
@@ -149,8 +182,8 @@ class ServingHook:
                 samples.add_metric([reason], n)
             minutes = CounterMetricFamily("gpufleet_remote_write_serving_minutes",
                                           "Replica-minutes the serving fold finished, by outcome (stored; refused by "
-                                          "the intake checks; lost: emptied for the byte bound or unsaved past "
-                                          "its bound)", labels=["outcome"])
+                                          "the intake checks; error: the database refused it; lost: emptied for "
+                                          "the byte bound or unsaved past its bound)", labels=["outcome"])
             for outcome, n in sorted((self.minutes + Counter({"lost_bound": s.lost_minutes})).items()):
                 minutes.add_metric([outcome], n)
             measures = CounterMetricFamily("gpufleet_remote_write_serving_refused_measures",
@@ -164,7 +197,7 @@ class ServingHook:
             replicas.add_metric([], s.replicas())
             unsaved = GaugeMetricFamily("gpufleet_remote_write_serving_unsaved_minutes",
                                         "Finished serving minutes waiting for the database")
-            unsaved.add_metric([], len(self._unsaved))
+            unsaved.add_metric([], self.unsaved())
         yield from (samples, minutes, measures, failures, replicas, unsaved)
 
 

@@ -148,3 +148,36 @@ def test_malformed_serving_series_are_dropped_and_counted_and_the_rest_stored(da
     assert rows["ml/chat-0", ts // 60_000 * 60].measures == {"running": 3.0}
     with make_engine(database_url).connect() as c:
         assert c.execute(text("select count(*) from serving_minutes")).scalar() == 1
+
+
+def test_fuzzed_serving_labels_and_values_never_cost_a_5xx_or_the_gpu_rows(database_url, live_server) -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from tests.reliability.test_intake_fuzz import FUZZ, LABEL_VALUE, SAMPLE_VALUE
+
+    srv = live_server(database_url)
+    t0 = (int(time.time()) // 60 - 30) * 60
+    step = iter(range(10**6))
+
+    @FUZZ
+    @given(ns=LABEL_VALUE, pod=LABEL_VALUE, deployment=LABEL_VALUE, le=LABEL_VALUE, value=SAMPLE_VALUE,
+           counter=st.lists(SAMPLE_VALUE, min_size=3, max_size=3))
+    def run(ns: str, pod: str, deployment: str, le: str, value: float, counter: list[float]) -> None:
+        k = next(step)
+        target = {"namespace": ns, "pod": pod, "gpufleet_deployment": deployment, "instance": f"h{k}:8000"}
+        series = [_gpu_series((t0 + k) * 1000)]
+        for i, c in enumerate(counter):  # three scrapes of one replica: its first minute is finished and written
+            ts = (t0 + k + 65 * i) * 1000
+            series += [({"__name__": "vllm:request_success_total", **target}, [(ts, c)]),
+                       ({"__name__": "vllm:num_requests_running", **target}, [(ts, value)]),
+                       ({"__name__": "vllm:e2e_request_latency_seconds_bucket", "le": le, **target}, [(ts, c)])]
+        r = post(srv.url, body(series))
+        assert r.status_code == 200, r.text
+
+    run()
+    m = _metrics(srv.url)
+    assert m.get(("gpufleet_remote_write_serving_store_failures_total", ""), 0) == 0
+    assert m.get(("gpufleet_remote_write_serving_unsaved_minutes", ""), 0) == 0
+    assert m.get(("gpufleet_remote_write_serving_minutes_total", "stored"), 0) > 0
+    assert len(stored(make_engine(database_url))) == next(step)  # every example's GPU row
