@@ -246,10 +246,12 @@ class ServingRemoteWrite:
         return n
 
     def add_mapped(self, items: Iterable[tuple[ServingSeries, Sequence[tuple[int, float]]]], cluster: str,
-                   lo_ms: float = -math.inf, hi_ms: float = math.inf, now: float | None = None) -> None:
+                   lo_ms: float = -math.inf, hi_ms: float = math.inf, now: float | None = None) -> int:
         """Take one body's recognised serving series (the receiver's path); samples outside
         [``lo_ms``, ``hi_ms``] (the receiver's age limits) are dropped and counted. ``now``: the
-        arrival time (wall clock) the silence sweep measures from."""
+        arrival time (wall clock) the silence sweep measures from. Returns how many samples are held
+        (taken now, or already by an earlier copy of the same scrape still being assembled)."""
+        held = 0
         arrived = time.time() if now is None else now
         touched: set[StateKey] = set()
         for m, samples in items:
@@ -271,6 +273,7 @@ class ServingRemoteWrite:
                     by_ts = self._pending.setdefault(key, {})
                     scrape = by_ts.setdefault(ts, {})
                     ident = (m.name, m.own)
+                    held += 1
                     if ident in scrape:
                         self.late_samples += 1  # the same sample twice (a resent body): kept once
                         continue
@@ -286,8 +289,10 @@ class ServingRemoteWrite:
             self._seen[key] = arrived
             cutoff = self._newest[key] - self.grace_s * 1000
             self._fold_key(key, cutoff.__ge__)
-            self._finish(key, self._last[key][0] if key in self._last else None)
+            if key in self._last:
+                self._finish(key, self._last[key][0])
         self._bound()
+        return held
 
     def _fold_key(self, key: StateKey, ready: Callable[[int], bool]) -> None:
         by_ts = self._pending.get(key)

@@ -248,6 +248,7 @@ class Conversion:
     # inference engines' series with their samples (collector/serving_remote_write.py folds them)
     serving: list[tuple[ServingSeries, list[tuple[int, float]]]] = field(default_factory=list)
     serving_finished: list[Any] = field(default_factory=list)  # replica-minutes the fold finished
+    serving_held: int = 0  # of their samples, those the fold holds (2.0's Samples-Written counts them)
     # samples kept without becoming a row's value (framebuffer free/reserved -> the GPU's memory
     # total, NCCL series -> collectives), by node: remote write 2.0's Samples-Written counts them
     folded: Counter[str] = field(default_factory=Counter)

@@ -364,6 +364,7 @@ class Receiver:
                 # the write path keeps one sample per (GPU, ts): a row whose GPU and time were
                 # stored before (another shard's request carried other fields of it) is skipped
                 skipped += max(0, prep.n - res.stored)
+        written += conv.serving_held  # inference engines' samples the serving fold holds
         v2_headers = [(WRITTEN_SAMPLES, str(written).encode()), (WRITTEN_HISTOGRAMS, b"0"),
                       (WRITTEN_EXEMPLARS, b"0")] if v2 else []
         if busy is not None:  # (handle() counts the answer)

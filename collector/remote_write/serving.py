@@ -60,7 +60,8 @@ class ServingHook:
                     self._warned = True
                     log.warning("remote write: serving series arrive at a collector of %d processes; each process "
                                 "folds the part it receives (docs/serving.md, \"Remote write\")", self.workers)
-                self.state.add_mapped(conv.serving, cluster, lo, (now + max_future_s) * 1000.0, now)
+                conv.serving_held = self.state.add_mapped(conv.serving, cluster, lo, (now + max_future_s) * 1000.0,
+                                                          now)
             if now - self._swept >= SWEEP_S:
                 self._swept = now
                 self.state.sweep(now)

@@ -80,6 +80,8 @@ def test_serving_minutes_stored_as_the_agent_scrape_gives_them(database_url, liv
             r = (httpx.post(srv.url + "/api/v1/write", content=wire.snappy(raw), headers=V2_HEADERS, timeout=30)
                  if v2 else post(srv.url, raw))
             assert r.status_code == 200, r.text
+            if v2:  # every sample is held: the GPU row's value and the serving fold's
+                assert int(r.headers["X-Prometheus-Remote-Write-Samples-Written"]) == sum(len(x) for _, x in part)
             sent.append(raw)
     assert stored(make_engine(database_url))  # the GPU rows, as ever
 
