@@ -55,16 +55,21 @@ class ServingHook:
             return
         lo = -math.inf if max_age_s is None else (now - max_age_s) * 1000.0
         with self.lock:
-            if conv.serving:
-                if self.workers > 1 and not self._warned:
-                    self._warned = True
-                    log.warning("remote write: serving series arrive at a collector of %d processes; each process "
-                                "folds the part it receives (docs/serving.md, \"Remote write\")", self.workers)
-                conv.serving_held = self.state.add_mapped(conv.serving, cluster, lo, (now + max_future_s) * 1000.0,
-                                                          now)
-            if now - self._swept >= SWEEP_S:
-                self._swept = now
-                self.state.sweep(now)
+            try:
+                if conv.serving:
+                    if self.workers > 1 and not self._warned:
+                        self._warned = True
+                        log.warning("remote write: serving series arrive at a collector of %d processes; each "
+                                    "process folds the part it receives (docs/serving.md, \"Remote write\")",
+                                    self.workers)
+                    conv.serving_held = self.state.add_mapped(conv.serving, cluster, lo,
+                                                              (now + max_future_s) * 1000.0, now)
+                if now - self._swept >= SWEEP_S:
+                    self._swept = now
+                    self.state.sweep(now)
+            except Exception:  # a bug in the fold must not cost the body its GPU rows (nor answer 5xx)
+                log.exception("remote write: folding serving series failed; this body's are dropped")
+                self.state.dropped["fold_error"] += len(conv.serving)
             conv.serving_finished = self.state.finished()
 
     async def store(self, finished: list[Finished]) -> None:
