@@ -1,0 +1,1 @@
+"""The migrations package: Alembic revisions under `versions/`."""

@@ -1,0 +1,1 @@
+"""The `gpufleet` subcommands: one module each, with `register` and `run`."""
