@@ -97,3 +97,9 @@ def test_the_windowed_path_keeps_the_fast_paths_flag_and_onset() -> None:
     (b,) = [f for f in late.findings if f.kind == "straggler"]
     assert (a.scope, a.start_ts) == (b.scope, b.start_ts) and b.ongoing
     assert b.wasted_gpu_hours > a.wasted_gpu_hours > 0
+
+
+def test_a_straggler_that_recovered_is_no_longer_ongoing() -> None:
+    res = run(8, ONSET_MIN + 20, 10.0, slow_gpu({4}, until=ONSET_MIN + 8), until_min=ONSET_MIN + 14, running=True)
+    (f,) = [f for f in res.findings if f.kind == "straggler"]
+    assert f.scope == "GPU-4" and not f.ongoing and f.evidence["fast_minutes"] >= 7
