@@ -64,13 +64,16 @@ def test_unknown_is_not_idle_and_not_spare() -> None:
 def test_over_provisioned_estimate_keeps_the_headroom() -> None:
     ttft = Hist((0.1, 0.25, math.inf), (90.0, 100.0, 100.0), 8.0)
     tpot = Hist((0.01, 0.025, math.inf), (100.0, 100.0, 100.0), 0.8)
-    ms = [_minute(f"r{r}", m, requests=100.0, ttft=ttft, tpot=tpot, kv_usage=0.2, waiting=0.0, running=3.0)
+    ms = [ServingMinute("d", f"r{r}", m * 60, 1, "vllm", {"requests": 100.0, "ttft": ttft, "tpot": tpot,
+                                                          "kv_usage": 0.2, "waiting": 0.0, "running": 3.0}, 0.15)
           for r in range(4) for m in range(10)]
     found = detect_serving(DeploymentView("d", PRESETS["mlperf-llama3.1-8b"], ms))
     assert [f.kind for f in found] == ["overprovisioned_deployment"]
     ev = found[0].evidence
-    # KV 0.2 of a 0.8 target is a quarter of today's capacity: 4 replicas' load fits in 1
+    # KV 0.2 of a 0.8 target is a quarter of today's capacity, 4 x 0.15 SM activity is 0.8 of a
+    # replica at the 0.75 busy target: 4 replicas' load fits in 1
     assert ev["load_share"] == pytest.approx(0.25) and ev["needed_replicas"] == 1 and ev["needed_gpus"] == 1
+    assert ev["compute_used"] == pytest.approx(0.6)
     assert "fits in 1" in found[0].suggestion
 
 

@@ -123,9 +123,11 @@ def test_serving_minutes_arriving_later_refold_the_replicas_ledger(database_url:
 
 def test_an_overprovisioned_deployment_books_its_spare_gpus(database_url: str, live_server: Callable[..., Any],
                                                             tmp_path: Path) -> None:
-    """Two replicas (one GPU each) of one job, both nearly idle in KV and far under the SLOs: the
-    serving pass opens overprovisioned_deployment (1 of 2 GPUs needed); the next pass books half
-    of the served seconds of its episode to it, and the flag's waste is that share."""
+    """Two replicas (one GPU each) of one job, both nearly idle in KV, far under the SLOs and with
+    a request in flight a third of the time (the stored minutes carry no GPU activity, so the
+    engine's in-flight bound sizes the compute): the serving pass opens overprovisioned_deployment
+    (1 of 2 GPUs needed); the next pass books half of the served seconds of its episode to it,
+    and the flag's waste is that share."""
     server = str(live_server(database_url).url)
     _gpu_rows(server, tmp_path)
     fast = Hist((0.05, 0.1, math.inf), (100.0, 100.0, 100.0), 2.0)
@@ -133,7 +135,7 @@ def test_an_overprovisioned_deployment_books_its_spare_gpus(database_url: str, l
     minutes = [{"deployment": "chat", "replica": f"r{r}", "minute": T0 + 60 * i, "engine": "vllm", "gpus": 1,
                 "gpu_uuids": [GPUS[r]], "job_id": JOB,
                 "measures": measures_to_json({"requests": 100.0, "ttft": fast, "tpot": quick, "kv_usage": 0.1,
-                                              "waiting": 0.0, "running": 2.0})}
+                                              "waiting": 0.0, "running": 0.3})}
                for r in range(2) for i in range(20)]
     r = httpx.post(f"{server}/api/v1/serving/minutes", timeout=60,
                    json={"cluster": "default", "node": "n1", "minutes": minutes})
