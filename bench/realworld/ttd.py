@@ -302,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--cadence", type=int, action="append", help="seconds between passes (default 60 and 10)")
-    ap.add_argument("--case", action="append", help="only these cases (names; pai for the PAI traces)")
+    ap.add_argument("--case", action="append",
+                    help="only these cases (names; pai for the PAI traces, pai:job_3_norm.csv for one)")
+    ap.add_argument("--pace", type=float, action="append",
+                    help="the PAI traces' ms per normalised unit (default 1 and 10: two readings)")
     ap.add_argument("--no-hardware", action="store_true")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -318,9 +321,10 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(1, a.seeds + 1):
                 rng = np.random.default_rng([seed, sum(map(ord, name))])
                 rs.append(replay(build(rng, seed), cadence, rng))
-        if not a.case or "pai" in a.case:
-            for f in PAI_LABELS:
-                for pace in (1.0, 10.0):  # the release's times are normalised: two readings of its pace
+        for f in PAI_LABELS:
+            if a.case and "pai" not in a.case and f"pai:{f}" not in a.case:
+                continue
+            for pace in a.pace or [1.0, 10.0]:  # the release's times are normalised: two readings of its pace
                     c = pai_case(f, pace)
                     if c is not None:
                         rs.append(replay(c, cadence, np.random.default_rng(0)))
