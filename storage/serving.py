@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import and_, delete, func, insert, or_, select
 from sqlalchemy.engine import Connection
 
+from gpufleet.storage.feature_models import gpu_minute_features as features
 from gpufleet.storage.models import Allocation, Cluster, Gpu, Job, Node
 from gpufleet.storage.serving_models import ServingDeploymentRow, ServingMinuteRow
 
@@ -112,3 +113,27 @@ def deployment_labels(conn: Connection, pairs: Iterable[tuple[str, str]]) -> dic
 def latest_minute(conn: Connection) -> int | None:
     v = conn.execute(select(func.max(ServingMinuteRow.minute))).scalar()
     return None if v is None else int(v)
+
+
+def replica_activity(conn: Connection, cluster: str, job_ids: Iterable[str], start: int,
+                     end: int) -> dict[tuple[str, int], dict[str, tuple[float | None, float | None]]]:
+    """(job id, minute) -> {GPU uuid: (mean SM activity, mean NVML utilisation)} of the job's GPUs
+    in that minute, from the minute features folded at ingest (storage/minute_features.py). A
+    minute no GPU of the job reported is absent, and a signal a GPU did not report is None: the
+    serving detectors read a replica's hardware side from this (unknown is not zero)."""
+    wanted = sorted({j for j in job_ids if j})
+    if not wanted:
+        return {}
+    sm = features.c.sm_sum / func.nullif(features.c.sm_n, 0)
+    util = features.c.gpu_util_sum / func.nullif(features.c.gpu_util_n, 0)
+    out: dict[tuple[str, int], dict[str, tuple[float | None, float | None]]] = {}
+    for i in range(0, len(wanted), 500):
+        q = (select(Job.job_id, features.c.bucket, Gpu.uuid, sm, util).select_from(features)
+             .join(Job, Job.id == features.c.job_pk).join(Cluster, Cluster.id == Job.cluster_id)
+             .join(Gpu, Gpu.id == features.c.gpu_pk)
+             .where(Cluster.name == cluster, Job.job_id.in_(wanted[i:i + 500]),
+                    features.c.bucket >= start, features.c.bucket < end))
+        for job, bucket, uuid, s, u in conn.execute(q).all():
+            out.setdefault((str(job), int(bucket)), {})[str(uuid)] = (
+                None if s is None else float(s), None if u is None else float(u))
+    return out

@@ -14,6 +14,7 @@ The runner's side: ``job_serving_cells`` reads a replica job's minutes for its l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from gpufleet.flagkinds import FLAG_KINDS
 from gpufleet.serving_expo import measures_from_json
 from gpufleet.storage.gpu_ledger import read_job_ledger
 from gpufleet.storage.models import Cluster, Flag, Job
-from gpufleet.storage.serving import StoredMinute, deployment_labels, deployment_names, read_minutes
+from gpufleet.storage.serving import StoredMinute, deployment_labels, deployment_names, read_minutes, replica_activity
 from gpufleet.storage.serving_models import ServingMinuteRow
 
 from ..flag_shares import SERVING_SCOPE as SCOPE
@@ -48,10 +49,35 @@ class ServingPass:
     errors: list[str] = field(default_factory=list)
 
 
-def serving_minutes(rows: list[StoredMinute]) -> list[ServingMinute]:
-    """Stored rows as the analysis's minutes (stored rows were checked on intake)."""
-    return [ServingMinute(r.deployment, r.replica, r.minute, r.gpus, r.engine, measures_from_json(r.measures)[0])
-            for r in rows]
+def serving_minutes(rows: list[StoredMinute], conn: Connection | None = None) -> list[ServingMinute]:
+    """Stored rows as the analysis's minutes (stored rows were checked on intake). With ``conn``,
+    each minute carries its replica's GPU activity that minute (mean SM activity and NVML
+    utilisation over the replica's GPUs, else over its job's) from the folded minute features:
+    the hardware side that over-provisioning sizing, the host-bound cause and engine_hw_disagree
+    read. A replica whose GPUs sent no samples that minute keeps None (unknown, not idle)."""
+    hw: dict[tuple[str, str, int], dict[str, tuple[float | None, float | None]]] = {}
+    if conn is not None and rows:
+        by_cluster: dict[str, set[str]] = {}
+        for r in rows:
+            if r.job_id:
+                by_cluster.setdefault(r.cluster, set()).add(r.job_id)
+        start, end = min(r.minute for r in rows), max(r.minute for r in rows) + 60
+        for c, jobs in by_cluster.items():
+            hw.update(((c, j, m), v) for (j, m), v in replica_activity(conn, c, jobs, start, end).items())
+    out = []
+    for r in rows:
+        per_gpu = hw.get((r.cluster, r.job_id, r.minute), {}) if r.job_id else {}
+        if r.gpu_uuids:  # the replica's own GPUs; the job's only when the minute does not name them
+            per_gpu = {u: v for u, v in per_gpu.items() if u in r.gpu_uuids}
+        out.append(ServingMinute(r.deployment, r.replica, r.minute, r.gpus, r.engine, measures_from_json(r.measures)[0],
+                                 sm_active=_mean(v[0] for v in per_gpu.values()),
+                                 gpu_util=_mean(v[1] for v in per_gpu.values())))
+    return out
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def slo_of(labels: dict[str, Any] | None) -> tuple[Slo, str | None]:
@@ -79,7 +105,7 @@ def _findings(conn: Connection, start: int, end: int) -> tuple[dict[tuple[int, s
         wanted = {j for j in job_of.values()}
         pks = {j: pk for pk, j in conn.execute(select(Job.id, Job.job_id).where(
             Job.cluster_id == cids.get(c, -1), Job.job_id.in_(wanted)))} if wanted and c in cids else {}
-        for f in detect_serving(DeploymentView(name, slo_of(labels.get((c, name)))[0], serving_minutes(rows))):
+        for f in detect_serving(DeploymentView(name, slo_of(labels.get((c, name)))[0], serving_minutes(rows, conn))):
             if f.kind not in FLAG_KINDS:  # a newer detector than the registry: stays on the API only
                 continue
             reps = [f.target] if f.scope == "replica" else sorted(job_of)

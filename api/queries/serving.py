@@ -22,7 +22,7 @@ def list_deployments(session: Session, start: int, end: int, cluster: str | None
     labels = deployment_labels(conn, pairs)
     data = []
     for c, name in pairs:
-        ms = _minutes(read_minutes(conn, start, end, c, name))
+        ms = _minutes(read_minutes(conn, start, end, c, name), conn)
         slo, note = _slo(labels.get((c, name)))
         s = summarize(name, ms, slo, cost.price(c))
         item = {"cluster": c, "engine": ms[0].engine if ms else None, **s.as_dict()}
@@ -40,7 +40,7 @@ def one_deployment(session: Session, name: str, start: int, end: int, cluster: s
         return None
     c = rows[0].cluster
     rows = [r for r in rows if r.cluster == c]  # a name in two clusters: the first, unless ?cluster= says
-    ms = _minutes(rows)
+    ms = _minutes(rows, conn)
     slo, note = _slo(deployment_labels(conn, [(c, name)]).get((c, name)))
     price = cost.price(c)
     s = summarize(name, ms, slo, price)

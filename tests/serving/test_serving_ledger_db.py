@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from gpufleet.agent.config import AgentConfig
 from gpufleet.agent.runner import Agent
+from gpufleet.agent.sources.base import GpuReading
 from gpufleet.analysis.runner import due_jobs, run_analysis
 from gpufleet.serving_expo import Hist, measures_to_json
 from gpufleet.storage.db import make_engine
@@ -44,10 +45,11 @@ def _minutes() -> list[dict[str, Any]]:
     return out
 
 
-def _gpu_rows(server: str, tmp_path: Path) -> None:
+def _gpu_rows(server: str, tmp_path: Path, source: TwoGpuSource | None = None) -> None:
     """The agent's GPU rows every 10 s over the 20 minutes (they make the job and its telemetry)."""
-    agent = Agent(AgentConfig(collector_url=server, node="n1", spool_dir=tmp_path / "spool", fsync=False,
-                              infiniband=False, nic_health=False), TwoGpuSource(), attributors=[], enrichers=[])  # type: ignore[arg-type]
+    cfg = AgentConfig(collector_url=server, node="n1", spool_dir=tmp_path / "spool", fsync=False, infiniband=False,
+                      nic_health=False)
+    agent = Agent(cfg, source or TwoGpuSource(), attributors=[], enrichers=[])  # type: ignore[arg-type]
     agent.start()
     for i in range(120):
         agent.cycle(T0 + 5 + 10 * i)
@@ -56,6 +58,13 @@ def _gpu_rows(server: str, tmp_path: Path) -> None:
     while len(agent.spool) and time.monotonic() < deadline:
         agent.sender.send_one()
     assert len(agent.spool) == 0 and agent.sender.dead_lettered == 0
+
+
+class QuietGpus(TwoGpuSource):
+    """The replica's GPUs at SM activity 0.15 (a small share of what they could serve)."""
+
+    def read(self, now: float) -> list[GpuReading]:
+        return [GpuReading(u, {"gpu_util": 0.3, "sm_active": 0.15}) for u in GPUS]
 
 
 def _hours(rows: list[tuple[int, str, float]]) -> dict[str, float]:
@@ -124,12 +133,12 @@ def test_serving_minutes_arriving_later_refold_the_replicas_ledger(database_url:
 def test_an_overprovisioned_deployment_books_its_spare_gpus(database_url: str, live_server: Callable[..., Any],
                                                             tmp_path: Path) -> None:
     """Two replicas (one GPU each) of one job, both nearly idle in KV, far under the SLOs and with
-    a request in flight a third of the time (the stored minutes carry no GPU activity, so the
-    engine's in-flight bound sizes the compute): the serving pass opens overprovisioned_deployment
+    a request in flight a third of the time, and each GPU's SM activity at 0.15 (the GPU rows'
+    minute features size the compute: 0.3 of a GPU): the serving pass opens overprovisioned_deployment
     (1 of 2 GPUs needed); the next pass books half of the served seconds of its episode to it,
     and the flag's waste is that share."""
     server = str(live_server(database_url).url)
-    _gpu_rows(server, tmp_path)
+    _gpu_rows(server, tmp_path, QuietGpus())
     fast = Hist((0.05, 0.1, math.inf), (100.0, 100.0, 100.0), 2.0)
     quick = Hist((0.005, 0.01, math.inf), (100.0, 100.0, 100.0), 0.3)
     minutes = [{"deployment": "chat", "replica": f"r{r}", "minute": T0 + 60 * i, "engine": "vllm", "gpus": 1,
