@@ -354,13 +354,13 @@ class ServingRemoteWrite:
         self.budget.evictions += 1
         self.lost_minutes += sum(len(v) for v in self._minutes.values())
         for d in (self._pending, self._newest, self._last, self._minutes, self._jobs, self._seen, self._state_cost):
-            d.clear()  # type: ignore[attr-defined]
+            d.clear()  # type: ignore[attr-defined]  # a tuple of differently typed dicts: each has clear()
         self._pending_cost = self._state_total = 0
         self.budget.used = 0
 
     def _forget(self, key: StateKey) -> None:
         for d in (self._newest, self._last, self._minutes, self._jobs, self._seen):
-            d.pop(key, None)  # type: ignore[attr-defined]
+            d.pop(key, None)  # type: ignore[attr-defined]  # a tuple of differently typed dicts: each has pop()
         self._state_total -= self._state_cost.pop(key, 0)
 
     # --- output -------------------------------------------------------------------------------

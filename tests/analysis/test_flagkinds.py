@@ -54,6 +54,9 @@ CROSS_REFERENCES = {
                            "analysis/detectors/straggler.py": "a deviant without a hardware signature is one"},
 }
 CROSS_REFERENCES.setdefault("slo_missed", {})["alerts/config.py"] = "the default slo_burn rule pages it at once"
+# A replica's GPU time not served within the SLO lands in its serving cause (docs/goodput.md).
+for _k in ("slo_missed", "idle_replica", "overprovisioned_deployment"):
+    CROSS_REFERENCES.setdefault(_k, {})["analysis/ledger_categories.toml"] = "a serving cause of the ledger"
 # The default "fabric" alert rule pages these on severity, whatever waste they claim (docs/alerts.md).
 for _k in ("collective_slow", "network_degraded", "link_errors", "straggler", "throttled", "slow_rank"):
     CROSS_REFERENCES.setdefault(_k, {})["alerts/config.py"] = "the default fabric rule pages it on severity"
