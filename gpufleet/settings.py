@@ -179,7 +179,8 @@ class ExportSettings(Section):
 class AnalysisSettings(Section):
     interval_s: float = env("ANALYSIS_INTERVAL_S", 60.0, "seconds between analysis passes (beat and `gpufleet up`)",
                             gt=0)
-    progress_interval_s: float = env("ANALYSIS_PROGRESS_INTERVAL_S", 10.0, "seconds between progress passes (beat): "
+    progress_interval_s: float = env("ANALYSIS_PROGRESS_INTERVAL_S", 10.0,
+                                     "seconds between progress passes (beat and `gpufleet up`): "
                                      "a hang is flagged about 60 s after the last step plus this", gt=0)
     thresholds: Path | None = env("THRESHOLDS", None, "goodput thresholds override, key by key (docs/goodput.md)")
     serving_thresholds: Path | None = env("SERVING_THRESHOLDS", None, "serving flag thresholds file, replacing "

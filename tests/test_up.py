@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -98,3 +99,39 @@ def test_up_serves_fleet_and_stops_cleanly(tmp_path: Path) -> None:
     # up runs the training-progress relay on its first agent and says where its socket is
     assert "training progress: GPUFLEET_PROGRESS=" in out, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
+
+
+def test_up_runs_the_progress_pass_between_hardware_passes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`gpufleet up`'s analysis loop judges progress at its own cadence, as the production beat
+    does: a hardware pass every ANALYSIS_INTERVAL_S and the progress pass alone in between."""
+    import threading
+    from types import SimpleNamespace
+
+    from gpufleet.analysis import runner
+    from gpufleet.analysis.progress import flags
+    from gpufleet.commands import up
+    from gpufleet.settings import Settings
+
+    calls: list[str] = []
+    enough = threading.Event()
+
+    def record(kind: str) -> Any:
+        def fn(*a: Any, **k: Any) -> Any:
+            calls.append(kind)
+            if calls.count("full") >= 2 and calls.count("progress") >= 2:
+                enough.set()
+            return SimpleNamespace(opened=0, resolved=0)
+        return fn
+
+    monkeypatch.setattr(runner, "run_analysis", record("full"))
+    monkeypatch.setattr(flags, "run_progress_pass", record("progress"))
+    monkeypatch.setattr(up._Background, "_wait_for_replay", lambda self, deadline_s: None)
+    settings = Settings.from_env({"GPUFLEET_ANALYSIS_INTERVAL_S": "3", "GPUFLEET_ANALYSIS_PROGRESS_INTERVAL_S": "1"})
+    bg = up._Background(SimpleNamespace(), "http://127.0.0.1:1", tmp_path, settings)
+    bg.start_analysis(engine=None)
+    try:
+        assert enough.wait(120), calls  # a bound that only catches a hang
+    finally:
+        bg.shutdown()
+    assert calls[0] == "full"  # the first pass is a whole one
+    assert calls.index("progress") < calls.index("full", 1)  # progress passes between the hardware ones

@@ -232,6 +232,7 @@ class _Background:
 
     def _analysis_loop(self, engine: Any) -> None:
         from gpufleet.analysis.config import load_thresholds
+        from gpufleet.analysis.progress.flags import run_progress_pass
         from gpufleet.analysis.runner import run_analysis
         from gpufleet.analysis.state import StateCache
 
@@ -245,15 +246,27 @@ class _Background:
         # the replayed past is stored: a job whose newest stored sample is still in the replayed
         # past looks stale, and the pass would close it and its allocations (close_stale_jobs).
         self._wait_for_replay(deadline_s=300.0)
-        wait = 0.0  # the first pass as soon as the replayed past is stored
+        # Between hardware passes the progress pass runs alone every progress_interval_s, as the
+        # production beat does (docs/evaluation.md, "Decision on cadence"): hung and slow_rank
+        # are judged as the windows arrive, not once a minute.
+        step = max(1.0, min(settings.analysis.progress_interval_s, every))
+        wait, next_full = 0.0, time.monotonic()  # the first pass as soon as the replayed past is stored
         while not self.stop.wait(wait):
+            full = time.monotonic() >= next_full
+            if full:
+                next_full = time.monotonic() + every
             try:
-                run_analysis(engine, thresholds=thresholds, cache=cache)
-                if alerts:
+                changed = True
+                if full:
+                    run_analysis(engine, thresholds=thresholds, cache=cache)
+                else:
+                    pp = run_progress_pass(engine, time.time())
+                    changed = bool(pp.opened or pp.resolved)  # alerts see a changed progress flag at once
+                if changed and alerts:
                     alerts(engine, settings, base_url=settings.base_url())
             except Exception:
                 log.exception("analysis pass failed; retrying next interval")
-            wait = every
+            wait = max(0.0, min(step, next_full - time.monotonic()))
 
     def _wait_for_replay(self, deadline_s: float) -> None:
         """Until the agents have started, replayed their history and sent their spools (at most
