@@ -45,7 +45,14 @@ def _post_minutes(server: str) -> None:
     assert r.status_code == 200 and r.json()["stored"] == 20, r.text
 
 
-def _findings(server: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _stored_and_judged(server: str, database_url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Post the replica-minutes, run one analysis pass, and read the deployment and its flags."""
+    _post_minutes(server)
+    engine = make_engine(database_url)
+    try:
+        assert not run_analysis(engine, now=NOW).errors
+    finally:
+        engine.dispose()
     with httpx.Client(base_url=server, timeout=60) as c:
         d = c.get("/api/v1/deployments/chat", params={"start": T0, "end": T0 + 1200}).json()
         flags = c.get("/api/v1/flags", params={"kind": "engine_hw_disagree"}).json()["data"]
@@ -56,13 +63,7 @@ def test_a_full_batch_on_stalled_gpus_is_engine_hw_disagree(database_url: str, l
                                                             tmp_path: Path) -> None:
     server = str(live_server(database_url).url)
     _gpu_rows(server, tmp_path, StalledGpus())
-    _post_minutes(server)
-    engine = make_engine(database_url)
-    try:
-        assert not run_analysis(engine, now=NOW).errors
-    finally:
-        engine.dispose()
-    d, flags = _findings(server)
+    d, flags = _stored_and_judged(server, database_url)
     (finding,) = [f for f in d["findings"] if f["kind"] == "engine_hw_disagree"]
     assert abs(finding["evidence"]["sm_active_mean"] - 0.02) < 1e-3, finding
     assert len(flags) == 1 and flags[0]["job_id"] == JOB
@@ -70,11 +71,5 @@ def test_a_full_batch_on_stalled_gpus_is_engine_hw_disagree(database_url: str, l
 
 def test_without_gpu_samples_the_hardware_side_is_unknown(database_url: str, live_server: Callable[..., Any]) -> None:
     server = str(live_server(database_url).url)
-    _post_minutes(server)
-    engine = make_engine(database_url)
-    try:
-        assert not run_analysis(engine, now=NOW).errors
-    finally:
-        engine.dispose()
-    d, flags = _findings(server)
+    d, flags = _stored_and_judged(server, database_url)
     assert not [f for f in d["findings"] if f["kind"] == "engine_hw_disagree"] and flags == []
