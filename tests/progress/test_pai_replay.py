@@ -27,7 +27,8 @@ DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "pai-minibatch"
 WALL0, MONO0 = 1_800_000_000.0, 100.0
 
 
-def replay(name: str) -> list[Window]:
+def _per_worker(name: str) -> dict[int, list[tuple[int, int]]]:
+    """worker -> [(iteration, normalised mini-batch time)] from one PAI trace; skips without ../shared."""
     path = DATA / name
     if not path.exists():
         pytest.skip(f"needs {path} (../shared is absent)")
@@ -35,6 +36,11 @@ def replay(name: str) -> list[Window]:
     with open(path) as f:
         for row in csv.DictReader(f):
             per[int(row["worker"])].append((int(row["time"]), int(row["batch_time_norm"])))
+    return per
+
+
+def replay(name: str) -> list[Window]:
+    per = _per_worker(name)
     fold = Folder()
     windows: list[dict[str, Any]] = []
     for worker, its in sorted(per.items()):
@@ -95,13 +101,7 @@ def fold_expanded(name: str, job: str, wall0: float, until_s: float) -> list[tup
     one iteration in ten, so each sampled time is replayed for the iterations up to the next
     sample (bench/realworld/progress_library.py does the same); windows closed as the relay
     closes them, up to ``until_s`` after the start; each with the second it closed."""
-    path = DATA / name
-    if not path.exists():
-        pytest.skip(f"needs {path} (../shared is absent)")
-    per: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            per[int(row["worker"])].append((int(row["time"]), int(row["batch_time_norm"])))
+    per = _per_worker(name)
     steps: dict[int, list[tuple[float, int]]] = {}
     for worker, rows in per.items():
         rows.sort()
